@@ -1,0 +1,25 @@
+"""The extension points of dspark, one ``typing.Protocol`` per module.
+
+Every built-in and every third-party implementation satisfies one of these; the plugin manager
+checks it at registration (see :mod:`dspark.plugins`).
+"""
+
+from dspark.protocols.calibrator import Calibrator
+from dspark.protocols.confidence import ConfidenceModel
+from dspark.protocols.cost_model import CostModel
+from dspark.protocols.drafter import DraftContext, Drafter
+from dspark.protocols.scheduler import Scheduler
+from dspark.protocols.sequential_head import SequentialHead
+from dspark.protocols.target import TargetModel, TargetOutput
+
+__all__ = [
+    "Calibrator",
+    "ConfidenceModel",
+    "CostModel",
+    "DraftContext",
+    "Drafter",
+    "Scheduler",
+    "SequentialHead",
+    "TargetModel",
+    "TargetOutput",
+]

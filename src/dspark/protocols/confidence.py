@@ -1,0 +1,22 @@
+"""ConfidenceModel: raw per-position confidence logits for a draft block."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from dspark.types import DraftBlock
+
+
+@runtime_checkable
+class ConfidenceModel(Protocol):
+    """Produces raw confidence logits [R, γ] for a draft block.
+
+    Losslessness (DESIGN.md §3): the logit at position j may read h_j, q_j and x̂_{j-1}, never the
+    draft token x̂_j itself nor any later position.
+    """
+
+    name: str
+
+    def confidence_logits(self, block: DraftBlock) -> torch.Tensor: ...

@@ -1,0 +1,40 @@
+"""CostModel: the hardware's verification speed SPS(B) and how a schedule maps to B."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Verification steps per second as a function of the verification batch B (tokens).
+
+    ``accounting`` is ``"packed"`` (B = Σ_r (1 + ℓ_r)) or ``"padded"`` (B = R · (1 + max ℓ)): the
+    engine's real verification shape, which the cost model — not the scheduler — owns.
+    """
+
+    name: str
+    accounting: str
+
+    def sps(self, batch_size: torch.Tensor) -> torch.Tensor:
+        """Steps per second at each batch size. [K] int/float → [K] float."""
+        ...
+
+    def step_seconds(self, batch_size: torch.Tensor) -> torch.Tensor:
+        """Seconds per verification step, 1 / SPS. [K] → [K] float."""
+        ...
+
+    def batch_size(self, lengths: torch.Tensor) -> int:
+        """B for concrete prefix lengths ℓ [R]."""
+        ...
+
+    def admission_batch_sizes(self, num_requests: int, positions: torch.Tensor) -> torch.Tensor:
+        """B after admitting candidates one by one.
+
+        ``positions`` [K] are the 1-based draft positions j of the candidates in admission order;
+        returns [K + 1] batch sizes, entry k after the first k admissions (entry 0 is plain
+        decoding, ℓ = 0).
+        """
+        ...
