@@ -233,7 +233,7 @@ class VerifyResult:
     """
 
     accepted: torch.Tensor = field()  # [R] int64 accepted draft tokens, ≤ ℓ_r
-    accept_flags: torch.Tensor = field()  # [R, γ] bool: position verified and its test passed
+    accept_flags: torch.Tensor = field()  # [R, γ] bool: position j accepted (j < accepted[r])
     next_tokens: torch.Tensor = field()  # [R] int64 recovered or bonus token
     is_bonus: torch.Tensor = field()  # [R] bool: next_tokens[r] is a bonus token
     committed: torch.Tensor = field()  # [R, γ+1] int64 committed tokens, right-padded with -1

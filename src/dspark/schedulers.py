@@ -1,0 +1,249 @@
+"""Verification schedulers: how many draft tokens of each request to verify.
+
+Terms, once (DESIGN.md §2–3). R requests, block size γ. c_{r,j} ∈ [0, 1] is the calibrated
+probability that draft position j is accepted given positions < j were; a_{r,j} = Π_{i≤j} c_{r,i}
+the prefix survival. A schedule picks ℓ_r (0 ≤ ℓ_r ≤ valid_r ≤ γ). Expected committed tokens
+τ(ℓ) = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}); verification batch B(ℓ) under the cost model's accounting;
+expected throughput Θ = τ · SPS(B).
+
+Losslessness: a schedule may be used with rejection sampling only if it is a *stopping rule* —
+the decision "verify position j" depends on c_{r,1..j} and on other requests, never on
+c_{r,j+1..γ} (which read x̂_j). Every scheduler states it in ``lossless``; ``sps-argmax`` is the
+global-argmax variant that looks ahead and is *not* lossless (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from attrs import field, frozen, validators
+
+from dspark.protocols.cost_model import CostModel
+from dspark.types import Schedule
+
+__all__ = [
+    "FullScheduler",
+    "FixedScheduler",
+    "ThresholdScheduler",
+    "SPSGreedyScheduler",
+    "SPSArgmaxScheduler",
+    "LossyScheduleWarning",
+    "survival",
+    "sps_greedy_lengths",
+    "summarise",
+]
+
+
+class LossyScheduleWarning(UserWarning):
+    """The scheduler is not a stopping rule: outputs will NOT follow the target's distribution."""
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions
+# --------------------------------------------------------------------------------------------
+
+
+def _check_inputs(
+    confidence: torch.Tensor, valid_lengths: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(confidence, torch.Tensor) or confidence.ndim != 2:
+        raise ValueError("confidence must be a [R, γ] tensor of per-step probabilities c_{r,j}")
+    c = confidence.float()  # [R, γ]
+    if c.numel() and not bool(((c >= 0) & (c <= 1)).all()):
+        raise ValueError(
+            "confidence must hold calibrated probabilities in [0, 1] (pass raw logits through a "
+            "Calibrator first)"
+        )
+    R, gamma = c.shape
+    if valid_lengths is None:
+        return c, torch.full((R,), gamma, dtype=torch.long)
+    v = valid_lengths.long()
+    if v.shape != (R,) or (R and (int(v.min()) < 0 or int(v.max()) > gamma)):
+        raise ValueError(f"valid_lengths must be [R={R}] with values in [0, γ={gamma}]")
+    return c, v
+
+
+def survival(confidence: torch.Tensor, valid_lengths: torch.Tensor) -> torch.Tensor:
+    """a_{r,j} = Π_{i≤j} c_{r,i}, zero beyond valid_r. [R, γ], [R] → [R, γ]."""
+    gamma = confidence.shape[1]
+    a = torch.cumprod(confidence, dim=1)  # [R, γ]
+    return a * (torch.arange(gamma)[None, :] < valid_lengths[:, None])
+
+
+def summarise(
+    a: torch.Tensor, lengths: torch.Tensor, cost_model: CostModel | None
+) -> tuple[float, int, float]:
+    """τ, B, Θ for prefix lengths ℓ [R] given survival a [R, γ].
+
+    Without a cost model B is the packed count and Θ is nan.
+    """
+    R, gamma = a.shape
+    verified = torch.arange(gamma)[None, :] < lengths[:, None]  # [R, γ]
+    tau = float(R + (a * verified).sum())
+    if cost_model is None:
+        return tau, int(R + lengths.sum()), math.nan
+    B = int(cost_model.batch_size(lengths))
+    theta = tau * float(cost_model.sps(torch.tensor([B]))[0])
+    return tau, B, theta
+
+
+def _admission_curve(
+    a: torch.Tensor, valid_lengths: torch.Tensor, cost_model: CostModel
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Candidates (r, j) sorted by a descending, and τ, B, Θ after each admission.
+
+    Returns order [K] (flat indices r·γ + j−1), tau [K+1], B [K+1], theta [K+1]; entry k is the
+    state after admitting the first k candidates. Candidates beyond valid_r get Θ = −inf.
+    The sort is stable and flat indices are position-major within a request, so ties keep j
+    before j+1 and every admitted set is a union of per-request prefixes.
+    """
+    R, gamma = a.shape
+    flat = a.reshape(-1)  # [Rγ]
+    sorted_a, order = torch.sort(flat, descending=True, stable=True)  # [Rγ], [Rγ]
+    positions = order % gamma + 1  # [Rγ] 1-based j
+    tau = torch.cat([flat.new_zeros(1), torch.cumsum(sorted_a, 0)]).double() + R  # [Rγ+1]
+    B = cost_model.admission_batch_sizes(R, positions)  # [Rγ+1]
+    theta = tau * cost_model.sps(B).double()  # [Rγ+1]
+    n_valid = int(valid_lengths.sum())
+    theta[n_valid + 1 :] = -math.inf
+    return order, tau, B, theta
+
+
+def _lengths_from_admitted(order: torch.Tensor, K: int, R: int, gamma: int) -> torch.Tensor:
+    return torch.bincount(order[:K] // gamma, minlength=R)  # [R]
+
+
+def sps_greedy_lengths(
+    confidence: torch.Tensor,
+    valid_lengths: torch.Tensor,
+    cost_model: CostModel,
+) -> tuple[torch.Tensor, torch.Tensor, float, int, float]:
+    """SPS-greedy: admit (r, j) in descending a; stop at the first that does not raise Θ.
+
+    confidence c [R, γ], valid_lengths [R] → (ℓ [R], a [R, γ], τ, B, Θ). O(Rγ log Rγ), no Python
+    loop. The early break makes it a stopping rule: (r, j) is decided before (r, j+1) is looked at.
+    """
+    R, gamma = confidence.shape
+    a = survival(confidence, valid_lengths)  # [R, γ]
+    order, tau, B, theta = _admission_curve(a, valid_lengths, cost_model)
+    rises = theta[1:] > theta[:-1]  # [Rγ]
+    K = int(torch.cumprod(rises.long(), 0).sum())  # admitted before the first non-rise
+    lengths = _lengths_from_admitted(order, K, R, gamma)
+    return lengths, a, float(tau[K]), int(B[K]), float(theta[K])
+
+
+# --------------------------------------------------------------------------------------------
+# Scheduler classes (thin wrappers, registered through the plugin hooks)
+# --------------------------------------------------------------------------------------------
+
+
+def _schedule(
+    a: torch.Tensor, lengths: torch.Tensor, cost_model: CostModel | None
+) -> Schedule:
+    tau, B, theta = summarise(a, lengths, cost_model)
+    return Schedule(lengths.long(), a, tau, B, theta)
+
+
+@frozen
+class FullScheduler:
+    """Verify every valid draft token (the classic speculative-decoding schedule)."""
+
+    name = "full"
+    lossless = True
+
+    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
+        c, v = _check_inputs(confidence, valid_lengths)
+        return _schedule(survival(c, v), v, cost_model)
+
+
+@frozen
+class FixedScheduler:
+    """Verify the first k draft tokens (MTP-k style); k = 0 is plain decoding."""
+
+    name = "fixed"
+    lossless = True
+    k: int = field(default=1, validator=[validators.instance_of(int), validators.ge(0)])
+
+    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
+        c, v = _check_inputs(confidence, valid_lengths)
+        return _schedule(survival(c, v), v.clamp(max=self.k), cost_model)
+
+
+@frozen
+class ThresholdScheduler:
+    """Verify while the confidence stays at or above a static threshold.
+
+    ``mode="step"`` thresholds the per-step c_{r,j} (stop at the first c_j < threshold);
+    ``mode="survival"`` thresholds the cumulative a_{r,j}. Both are stopping rules.
+    """
+
+    name = "threshold"
+    lossless = True
+    threshold: float = field(default=0.5, validator=[validators.ge(0.0), validators.le(1.0)])
+    mode: str = field(default="step", validator=validators.in_(("step", "survival")))
+
+    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
+        c, v = _check_inputs(confidence, valid_lengths)
+        a = survival(c, v)  # [R, γ]
+        score = c if self.mode == "step" else a  # [R, γ]
+        keep = (score >= self.threshold) & (torch.arange(c.shape[1])[None, :] < v[:, None])
+        lengths = torch.cumprod(keep.long(), dim=1).sum(dim=1)  # [R]
+        return _schedule(a, lengths, cost_model)
+
+
+def _require_cost_model(name: str, cost_model: CostModel | None) -> CostModel:
+    if cost_model is None:
+        raise ValueError(f"scheduler {name!r} needs a cost model (e.g. 'sps-table' or 'roofline')")
+    return cost_model
+
+
+@frozen
+class SPSGreedyScheduler:
+    """Hardware-aware prefix scheduling: maximise Θ = τ · SPS(B) greedily, with the early break.
+
+    At low load SPS is flat and long drafts are verified; at saturation the schedule degrades to
+    MTP-1-like (ℓ ≤ 1) or plain decoding (ℓ = 0). Lossless (a stopping rule).
+    """
+
+    name = "sps-greedy"
+    lossless = True
+
+    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
+        c, v = _check_inputs(confidence, valid_lengths)
+        cm = _require_cost_model(self.name, cost_model)
+        lengths, a, tau, B, theta = sps_greedy_lengths(c, v, cm)
+        return Schedule(lengths, a, tau, B, theta)
+
+
+@frozen
+class SPSArgmaxScheduler:
+    """NOT LOSSLESS. Global argmax of Θ over all admission prefixes (no early break).
+
+    It looks past the first non-improving candidate, so whether (r, j) is verified can depend on
+    c_{r,j+1}, which reads x̂_j: the committed tokens are then biased (DESIGN.md §3 gives a
+    (0.7, 0.3) target that comes out as (0.85, 0.15)). Offered only to study that bias; it warns
+    with :class:`LossyScheduleWarning` when built.
+    """
+
+    name = "sps-argmax"
+    lossless = False
+
+    def __attrs_post_init__(self) -> None:
+        warnings.warn(
+            "scheduler 'sps-argmax' is NOT lossless: outputs will not follow the target's "
+            "distribution; use 'sps-greedy' for serving",
+            LossyScheduleWarning,
+            stacklevel=3,
+        )
+
+    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
+        c, v = _check_inputs(confidence, valid_lengths)
+        cm = _require_cost_model(self.name, cost_model)
+        R, gamma = c.shape
+        a = survival(c, v)
+        order, tau, B, theta = _admission_curve(a, v, cm)
+        K = int(torch.argmax(theta))
+        lengths = _lengths_from_admitted(order, K, R, gamma)
+        return Schedule(lengths, a, float(tau[K]), int(B[K]), float(theta[K]))
