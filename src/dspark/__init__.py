@@ -1,3 +1,86 @@
-"""dspark — confidence-scheduled speculative decoding."""
+"""dspark — confidence-scheduled speculative decoding.
+
+Compose a pipeline from named parts (each a ``typing.Protocol``, each registered through the
+plugin hooks in :mod:`dspark.hookspecs`)::
+
+    import dspark
+    scheduler = dspark.get_scheduler("sps-greedy")
+    cost = dspark.get_cost_model("sps-table", profile="my_profile.json")
+    schedule = scheduler.schedule(confidence, cost_model=cost)
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+from dspark.hookspecs import hookimpl  # noqa: E402
+from dspark.plugins import PluginError, list_plugins  # noqa: E402
+from dspark.plugins import create as _create  # noqa: E402
+from dspark.protocols import (  # noqa: E402
+    Calibrator,
+    ConfidenceModel,
+    CostModel,
+    DraftContext,
+    Drafter,
+    Scheduler,
+    SequentialHead,
+    TargetModel,
+    TargetOutput,
+)
+from dspark.types import DraftBlock, SamplingParams, Schedule, VerifyResult  # noqa: E402
+from dspark.verify import verify, verify_greedy  # noqa: E402
+
+
+def get_drafter(name: str, /, **config: Any) -> Drafter:
+    return _create("drafters", name, **config)
+
+
+def get_sequential_head(name: str, /, **config: Any) -> SequentialHead:
+    return _create("sequential_heads", name, **config)
+
+
+def get_confidence_model(name: str, /, **config: Any) -> ConfidenceModel:
+    return _create("confidence_models", name, **config)
+
+
+def get_calibrator(name: str, /, **config: Any) -> Calibrator:
+    return _create("calibrators", name, **config)
+
+
+def get_cost_model(name: str, /, **config: Any) -> CostModel:
+    return _create("cost_models", name, **config)
+
+
+def get_scheduler(name: str, /, **config: Any) -> Scheduler:
+    return _create("schedulers", name, **config)
+
+
+__all__ = [
+    "__version__",
+    "hookimpl",
+    "PluginError",
+    "list_plugins",
+    "get_drafter",
+    "get_sequential_head",
+    "get_confidence_model",
+    "get_calibrator",
+    "get_cost_model",
+    "get_scheduler",
+    "Calibrator",
+    "ConfidenceModel",
+    "CostModel",
+    "DraftContext",
+    "Drafter",
+    "Scheduler",
+    "SequentialHead",
+    "TargetModel",
+    "TargetOutput",
+    "DraftBlock",
+    "SamplingParams",
+    "Schedule",
+    "VerifyResult",
+    "verify",
+    "verify_greedy",
+]

@@ -100,10 +100,13 @@ def _admission_curve(
     before j+1 and every admitted set is a union of per-request prefixes.
     """
     R, gamma = a.shape
-    flat = a.reshape(-1)  # [Rγ]
-    sorted_a, order = torch.sort(flat, descending=True, stable=True)  # [Rγ], [Rγ]
+    valid = torch.arange(gamma)[None, :] < valid_lengths[:, None]  # [R, γ]
+    # Invalid positions sort after every valid one (a valid a may be 0 too).
+    key = torch.where(valid, a, -1.0).reshape(-1)  # [Rγ]
+    sorted_key, order = torch.sort(key, descending=True, stable=True)  # [Rγ], [Rγ]
+    sorted_a = sorted_key.clamp_min(0.0)  # [Rγ]
     positions = order % gamma + 1  # [Rγ] 1-based j
-    tau = torch.cat([flat.new_zeros(1), torch.cumsum(sorted_a, 0)]).double() + R  # [Rγ+1]
+    tau = torch.cat([sorted_a.new_zeros(1), torch.cumsum(sorted_a, 0)]).double() + R  # [Rγ+1]
     B = cost_model.admission_batch_sizes(R, positions)  # [Rγ+1]
     theta = tau * cost_model.sps(B).double()  # [Rγ+1]
     n_valid = int(valid_lengths.sum())
