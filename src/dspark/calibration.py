@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -309,7 +310,9 @@ class IdentityCalibrator:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str = "<dict>") -> IdentityCalibrator:
         opts = _options(data, origin)
-        return _construct(cls, origin, n_bins=opts.get("n_bins", 15), fit_info=_load_fit(data, origin))
+        return _construct(
+            cls, origin, n_bins=opts.get("n_bins", 15), fit_info=_load_fit(data, origin)
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,7 +396,11 @@ class TemperatureCalibrator:
                 f"'temperature' calibrator, got {len(temps)}"
             )
         return _construct(
-            cls, origin, temperature=temps[0], fit_info=_load_fit(data, origin), **_options(data, origin)
+            cls,
+            origin,
+            temperature=temps[0],
+            fit_info=_load_fit(data, origin),
+            **_options(data, origin),
         )
 
 
@@ -440,7 +447,9 @@ class STSCalibrator:
     """
 
     name: ClassVar[str] = "sts"
-    temperatures: tuple[float, ...] = field(default=(), converter=_float_tuple, validator=_temperatures)
+    temperatures: tuple[float, ...] = field(
+        default=(), converter=_float_tuple, validator=_temperatures
+    )
     n_bins: int = field(default=15, validator=_positive_int)
     t_min: float = field(default=0.05, converter=float, validator=_temperature)
     t_max: float = field(default=20.0, converter=float, validator=_temperature)
@@ -539,7 +548,11 @@ class STSCalibrator:
                 f"{origin}: field 'gamma' is {gamma!r} but 'temperatures' holds {len(temps)} values"
             )
         return _construct(
-            cls, origin, temperatures=temps, fit_info=_load_fit(data, origin), **_options(data, origin)
+            cls,
+            origin,
+            temperatures=temps,
+            fit_info=_load_fit(data, origin),
+            **_options(data, origin),
         )
 
 
@@ -562,6 +575,10 @@ def load_calibrator(source: str | Path | Mapping[str, Any]) -> Any:
     if isinstance(source, Mapping):
         data: Any = source
         origin = "<dict>"
+    elif not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            f"load_calibrator takes a path or a dict from to_dict(), got {type(source).__name__}"
+        )
     else:
         path = Path(source)
         origin = str(path)

@@ -77,7 +77,9 @@ def _as_float_1d(value: TensorLike, name: str) -> torch.Tensor:
     return t
 
 
-def _pred_label(pred: TensorLike, label: TensorLike, *, binary: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _pred_label(
+    pred: TensorLike, label: TensorLike, *, binary: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     p = _as_float_1d(pred, "pred")  # [N]
     y = _as_float_1d(label, "label")  # [N]
     if p.shape != y.shape:
@@ -162,7 +164,9 @@ def survival_labels(
     return labels, known
 
 
-def verified_mask(accepted: TensorLike, gamma: int, verified: TensorLike | None = None) -> torch.Tensor:
+def verified_mask(
+    accepted: TensorLike, gamma: int, verified: TensorLike | None = None
+) -> torch.Tensor:
     """Bool [N, γ]: position j was verified in the row's round (j ≤ verified; all if ``None``).
 
     The unbiased scoring mask for survival labels under a stopping-rule scheduler.
@@ -331,7 +335,9 @@ class ConfidenceReport:
     def __attrs_post_init__(self) -> None:
         lengths = {len(getattr(self, a.name)) for a in self.__attrs_attrs__ if a.name != "n_bins"}
         if len(lengths) != 1:
-            raise ValueError(f"ConfidenceReport columns must share one length, got {sorted(lengths)}")
+            raise ValueError(
+                f"ConfidenceReport columns must share one length, got {sorted(lengths)}"
+            )
 
     @property
     def gamma(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import torch
 from attrs import field, frozen, validators
 
@@ -51,7 +52,7 @@ def _check_inputs(
     if not isinstance(confidence, torch.Tensor) or confidence.ndim != 2:
         raise ValueError("confidence must be a [R, γ] tensor of per-step probabilities c_{r,j}")
     c = confidence.float()  # [R, γ]
-    if c.numel() and not bool(((c >= 0) & (c <= 1)).all()):
+    if c.numel() and not (0.0 <= float((mm := torch.aminmax(c)).min) and float(mm.max) <= 1.0):
         raise ValueError(
             "confidence must hold calibrated probabilities in [0, 1] (pass raw logits through a "
             "Calibrator first)"
@@ -89,33 +90,62 @@ def summarise(
     return tau, B, theta
 
 
+class _SPSCache:
+    """SPS(B) tabulated over integer B per cost model, so a schedule costs one gather.
+
+    Cost models are immutable values, so a table stays valid; it grows when a larger B is asked
+    for. Holding the model itself keeps ``id`` from being reused.
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[int, tuple[CostModel, np.ndarray]] = {}
+
+    def lookup(self, cost_model: CostModel, B: np.ndarray) -> np.ndarray:
+        entry = self._tables.get(id(cost_model))
+        need = int(B.max()) + 1
+        if entry is None or entry[1].shape[0] < need:
+            size = max(need, 2 * entry[1].shape[0] if entry else 1024)
+            table = cost_model.sps(torch.arange(size)).double().numpy()  # [size]
+            if len(self._tables) >= 8:
+                self._tables.clear()
+            self._tables[id(cost_model)] = entry = (cost_model, table)
+        return entry[1][B]
+
+
+_SPS_CACHE = _SPSCache()
+
+
 def _admission_curve(
-    a: torch.Tensor, valid_lengths: torch.Tensor, cost_model: CostModel
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    a: np.ndarray, valid_lengths: np.ndarray, cost_model: CostModel
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Candidates (r, j) sorted by a descending, and τ, B, Θ after each admission.
 
-    Returns order [K] (flat indices r·γ + j−1), tau [K+1], B [K+1], theta [K+1]; entry k is the
-    state after admitting the first k candidates. Candidates beyond valid_r get Θ = −inf.
-    The sort is stable and flat indices are position-major within a request, so ties keep j
-    before j+1 and every admitted set is a union of per-request prefixes.
+    a [R, γ] float64, valid_lengths [R]. Returns order [Rγ] (flat indices r·γ + j−1), tau [Rγ+1],
+    B [Rγ+1], theta [Rγ+1]; entry k is the state after admitting the first k candidates.
+    Candidates beyond valid_r sort last and get Θ = −inf. The sort is stable and flat indices are
+    position-major within a request, so ties keep j before j+1 and every admitted set is a union
+    of per-request prefixes. NumPy, because at these sizes per-op overhead dominates.
     """
     R, gamma = a.shape
-    valid = torch.arange(gamma)[None, :] < valid_lengths[:, None]  # [R, γ]
-    # Invalid positions sort after every valid one (a valid a may be 0 too).
-    key = torch.where(valid, a, -1.0).reshape(-1)  # [Rγ]
-    sorted_key, order = torch.sort(key, descending=True, stable=True)  # [Rγ], [Rγ]
-    sorted_a = sorted_key.clamp_min(0.0)  # [Rγ]
+    valid = np.arange(gamma)[None, :] < valid_lengths[:, None]  # [R, γ]
+    key = np.where(valid, a, -1.0).ravel()  # [Rγ] invalid positions sort after every valid one
+    order = np.argsort(-key, kind="stable")  # [Rγ]
+    sorted_a = np.maximum(key[order], 0.0)  # [Rγ]
+    tau = R + np.concatenate(([0.0], np.cumsum(sorted_a)))  # [Rγ+1]
     positions = order % gamma + 1  # [Rγ] 1-based j
-    tau = torch.cat([sorted_a.new_zeros(1), torch.cumsum(sorted_a, 0)]).double() + R  # [Rγ+1]
-    B = cost_model.admission_batch_sizes(R, positions)  # [Rγ+1]
-    theta = tau * cost_model.sps(B).double()  # [Rγ+1]
-    n_valid = int(valid_lengths.sum())
-    theta[n_valid + 1 :] = -math.inf
+    if cost_model.accounting == "packed":
+        B = R + np.arange(R * gamma + 1)  # [Rγ+1]
+    elif cost_model.accounting == "padded":
+        B = R * (1 + np.concatenate(([0], np.maximum.accumulate(positions))))  # [Rγ+1]
+    else:
+        B = cost_model.admission_batch_sizes(R, torch.from_numpy(positions)).numpy()
+    theta = tau * _SPS_CACHE.lookup(cost_model, B)  # [Rγ+1]
+    theta[int(valid_lengths.sum()) + 1 :] = -np.inf
     return order, tau, B, theta
 
 
-def _lengths_from_admitted(order: torch.Tensor, K: int, R: int, gamma: int) -> torch.Tensor:
-    return torch.bincount(order[:K] // gamma, minlength=R)  # [R]
+def _lengths_from_admitted(order: np.ndarray, K: int, R: int, gamma: int) -> torch.Tensor:
+    return torch.from_numpy(np.bincount(order[:K] // gamma, minlength=R).astype(np.int64))  # [R]
 
 
 def sps_greedy_lengths(
@@ -130,9 +160,9 @@ def sps_greedy_lengths(
     """
     R, gamma = confidence.shape
     a = survival(confidence, valid_lengths)  # [R, γ]
-    order, tau, B, theta = _admission_curve(a, valid_lengths, cost_model)
+    order, tau, B, theta = _admission_curve(a.double().numpy(), valid_lengths.numpy(), cost_model)
     rises = theta[1:] > theta[:-1]  # [Rγ]
-    K = int(torch.cumprod(rises.long(), 0).sum())  # admitted before the first non-rise
+    K = int(np.argmin(rises)) if not rises.all() else rises.size  # admitted before first non-rise
     lengths = _lengths_from_admitted(order, K, R, gamma)
     return lengths, a, float(tau[K]), int(B[K]), float(theta[K])
 
@@ -246,7 +276,7 @@ class SPSArgmaxScheduler:
         cm = _require_cost_model(self.name, cost_model)
         R, gamma = c.shape
         a = survival(c, v)
-        order, tau, B, theta = _admission_curve(a, v, cm)
-        K = int(torch.argmax(theta))
+        order, tau, B, theta = _admission_curve(a.double().numpy(), v.numpy(), cm)
+        K = int(np.argmax(theta))
         lengths = _lengths_from_admitted(order, K, R, gamma)
         return Schedule(lengths, a, float(tau[K]), int(B[K]), float(theta[K]))

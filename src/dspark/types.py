@@ -197,8 +197,8 @@ class Schedule:
         if self.survival.shape[0] != self.lengths.shape[0]:
             raise ValueError("Schedule.survival and Schedule.lengths disagree on R")
         gamma = self.survival.shape[1]
-        if self.lengths.numel() and (
-            int(self.lengths.min()) < 0 or int(self.lengths.max()) > gamma
+        if self.lengths.numel() and not (
+            0 <= int((mm := torch.aminmax(self.lengths)).min) and int(mm.max) <= gamma
         ):
             raise ValueError(f"Schedule.lengths must lie in [0, γ={gamma}]")
 
