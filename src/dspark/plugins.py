@@ -244,7 +244,7 @@ def _build_registry(pm: pluggy.PluginManager) -> dict[str, dict[str, Registratio
     for point in EXTENSION_POINTS.values():
         caller = getattr(pm.hook, point.hook)
         # Call each implementation on its own so every registration is attributed to its plugin.
-        for impl in reversed(caller.get_hookimpls()):
+        for impl in caller.get_hookimpls():  # registration order: built-ins first
             plugin = impl.plugin_name
 
             def _register(name: str, factory: Callable[..., Any], description: str = "",

@@ -1,0 +1,267 @@
+"""The plugin system: every hook, loud failures, entry points, and the CLI listing."""
+
+from __future__ import annotations
+
+import json
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import dspark
+from dspark import plugins
+from dspark.hookspecs import hookimpl
+from dspark.plugins import EXTENSION_POINTS, PluginError
+from dspark.types import DraftBlock, Schedule
+
+
+@pytest.fixture
+def plugin_module():
+    """Register a throw-away plugin module for one test, then unregister it."""
+    registered = []
+
+    def _register(**hooks):
+        mod = types.ModuleType("dspark_test_plugin")
+        for name, fn in hooks.items():
+            setattr(mod, name, hookimpl(fn))
+        plugins.register(mod, name="test-plugin", version="9.9")
+        registered.append(mod)
+        return mod
+
+    yield _register
+    for mod in registered:
+        plugins.unregister(mod)
+
+
+# Minimal implementations of each protocol ---------------------------------------------------
+
+
+class EchoDrafter:
+    name, gamma, vocab_size = "echo", 2, 5
+
+    def draft(self, context):
+        R = len(context.request_ids)
+        tokens = torch.stack([ids[-1:].repeat(2) for ids in context.token_ids])
+        q = torch.nn.functional.one_hot(tokens, 5).float()
+        return DraftBlock(tokens=tokens, q=q, valid_lengths=torch.full((R,), 2))
+
+    def release(self, request_id):
+        pass
+
+
+class ZeroHead:
+    name = "zero"
+
+    def step(self, prev_tokens, hidden, base_logits, state=None):
+        return base_logits, state
+
+    def forward(self, prev_tokens, hidden, base_logits):
+        return base_logits
+
+
+class HalfConfidence:
+    name = "half"
+
+    def confidence_logits(self, block):
+        return torch.zeros(block.tokens.shape)
+
+
+class ClampCalibrator:
+    name = "clamp"
+
+    def calibrate(self, z):
+        return torch.sigmoid(z).clamp(0.1, 0.9)
+
+    def fit(self, z, accepted, verified=None):
+        return self
+
+    def to_dict(self):
+        return {"name": self.name}
+
+    def save(self, path):
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+
+class FlatCost:
+    name, accounting = "flat", "packed"
+
+    def sps(self, B):
+        return torch.full(B.shape, 10.0, dtype=torch.float64)
+
+    def step_seconds(self, B):
+        return 1 / self.sps(B)
+
+    def batch_size(self, lengths):
+        return int(lengths.numel() + lengths.sum())
+
+    def admission_batch_sizes(self, R, positions):
+        return R + torch.arange(positions.numel() + 1)
+
+
+class NoneScheduler:
+    name, lossless = "none", True
+
+    def schedule(self, confidence, valid_lengths=None, cost_model=None):
+        R = confidence.shape[0]
+        return Schedule(torch.zeros(R, dtype=torch.long), torch.cumprod(confidence, 1), float(R), R)
+
+
+IMPLS = {
+    "drafters": ("register_drafters", "echo", EchoDrafter, dspark.get_drafter),
+    "sequential_heads": ("register_sequential_heads", "zero", ZeroHead, dspark.get_sequential_head),
+    "confidence_models": ("register_confidence_models", "half", HalfConfidence, dspark.get_confidence_model),
+    "calibrators": ("register_calibrators", "clamp", ClampCalibrator, dspark.get_calibrator),
+    "cost_models": ("register_cost_models", "flat", FlatCost, dspark.get_cost_model),
+    "schedulers": ("register_schedulers", "none", NoneScheduler, dspark.get_scheduler),
+}
+
+
+def test_every_extension_point_has_a_test_implementation():
+    assert set(IMPLS) == set(EXTENSION_POINTS)
+
+
+@pytest.mark.parametrize("kind", sorted(IMPLS))
+def test_each_hook_registers_lists_and_builds(kind, plugin_module):
+    hook, name, cls, getter = IMPLS[kind]
+
+    def impl(register):
+        register(name, cls, description="from the test plugin")
+
+    impl.__name__ = hook
+    plugin_module(**{hook: impl})
+    obj = getter(name)
+    assert isinstance(obj, EXTENSION_POINTS[kind].protocol)
+    row = next(r for r in dspark.list_plugins() if r["kind"] == kind and r["name"] == name)
+    assert row == {"kind": kind, "name": name, "plugin": "test-plugin", "version": "9.9",
+                   "description": "from the test plugin"}
+
+
+def test_unregister_removes_the_names(plugin_module):
+    def register_schedulers(register):
+        register("none", NoneScheduler)
+
+    mod = plugin_module(register_schedulers=register_schedulers)
+    assert dspark.get_scheduler("none")
+    plugins.unregister(mod)
+    with pytest.raises(ValueError, match="unknown scheduler 'none'"):
+        dspark.get_scheduler("none")
+    plugins.register(mod, name="test-plugin")  # the fixture unregisters it again
+
+
+def test_misspelled_hook_fails_loudly_and_suggests(plugin_module):
+    def register_shedulers(register):
+        register("none", NoneScheduler)
+
+    with pytest.raises(PluginError, match="unknown hook 'register_shedulers'.*did you mean 'register_schedulers'"):
+        plugin_module(register_shedulers=register_shedulers)
+    assert not plugins.get_plugin_manager().has_plugin("test-plugin")
+
+
+def test_duplicate_name_names_both_plugins(plugin_module):
+    def register_schedulers(register):
+        register("sps-greedy", NoneScheduler)
+
+    with pytest.raises(PluginError, match="scheduler 'sps-greedy' is registered twice: by plugin 'dspark' and by plugin 'test-plugin'"):
+        plugin_module(register_schedulers=register_schedulers)
+    assert dspark.get_scheduler("sps-greedy").name == "sps-greedy"  # registry intact
+
+
+def test_object_not_satisfying_the_protocol(plugin_module):
+    class NotAScheduler:
+        name = "bad"
+
+    def register_schedulers(register):
+        register("bad", NotAScheduler)
+
+    with pytest.raises(PluginError, match="plugin 'test-plugin' registered scheduler 'bad'.*Scheduler protocol.*missing: schedule"):
+        plugin_module(register_schedulers=register_schedulers)
+
+
+def test_factory_returning_a_non_conforming_object(plugin_module):
+    def register_cost_models(register):
+        register("liar", lambda **kw: object())
+
+    plugin_module(register_cost_models=register_cost_models)
+    with pytest.raises(PluginError, match="cost model 'liar' from plugin 'test-plugin'.*CostModel protocol"):
+        dspark.get_cost_model("liar")
+
+
+def test_plugin_raising_while_registering(plugin_module):
+    def register_calibrators(register):
+        raise RuntimeError("boom")
+
+    with pytest.raises(PluginError, match="plugin 'test-plugin' failed in register_calibrators: RuntimeError: boom"):
+        plugin_module(register_calibrators=register_calibrators)
+
+
+def test_bad_name_rejected(plugin_module):
+    def register_schedulers(register):
+        register("Bad Name", NoneScheduler)
+
+    with pytest.raises(PluginError, match="names must be lowercase"):
+        plugin_module(register_schedulers=register_schedulers)
+
+
+def test_entry_point_plugin_is_loaded_and_can_be_disabled(monkeypatch):
+    """The plugins/dspark-budget package is installed (CI installs it) and found by entry point."""
+    rows = {(r["kind"], r["name"]): r for r in dspark.list_plugins()}
+    assert rows[("schedulers", "token-budget")]["plugin"] == "budget"
+    assert rows[("schedulers", "token-budget")]["version"] == "0.1.0"
+    assert rows[("cost_models", "affine")]["plugin"] == "budget"
+    sched = dspark.get_scheduler("token-budget", max_tokens=6)
+    c = torch.tensor([[0.9, 0.8, 0.7], [0.95, 0.1, 0.1]])
+    s = sched.schedule(c, cost_model=dspark.get_cost_model("affine"))
+    assert s.batch_size <= 6 and s.lengths.tolist() == [3, 1]
+    try:
+        for value in ("1", "budget"):
+            monkeypatch.setenv("DSPARK_DISABLE_PLUGINS", value)
+            plugins.reset()
+            names = {r["name"] for r in dspark.list_plugins()}
+            assert "token-budget" not in names and "sps-greedy" in names
+    finally:
+        monkeypatch.delenv("DSPARK_DISABLE_PLUGINS")
+        plugins.reset()
+
+
+def test_entry_point_that_fails_to_load_names_the_plugin(monkeypatch):
+    import importlib.metadata as md
+
+    broken = md.EntryPoint(name="broken", value="dspark_no_such_module", group="dspark")
+    real = md.entry_points
+    monkeypatch.setattr(md, "entry_points", lambda group=None: [broken] if group == "dspark" else real(group=group))
+    plugins.reset()
+    try:
+        with pytest.raises(PluginError, match=r"plugin 'broken' \(dspark_no_such_module\) failed to load.*DSPARK_DISABLE_PLUGINS=broken"):
+            dspark.list_plugins()
+    finally:
+        monkeypatch.undo()
+        plugins.reset()
+
+
+def test_cli_lists_every_builtin_and_the_plugin_package(capsys):
+    from dspark.cli import main
+
+    assert main(["plugins", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    got = {(r["kind"], r["name"]) for r in rows}
+    for expected in [("schedulers", "sps-greedy"), ("schedulers", "full"), ("schedulers", "fixed"),
+                     ("schedulers", "threshold"), ("schedulers", "sps-argmax"),
+                     ("cost_models", "sps-table"), ("cost_models", "roofline"),
+                     ("calibrators", "sts"), ("calibrators", "temperature"), ("calibrators", "identity"),
+                     ("confidence_models", "max-prob"), ("drafters", "ngram"),
+                     ("schedulers", "token-budget"), ("cost_models", "affine")]:
+        assert expected in got
+    assert main(["plugins"]) == 0
+    assert "token-budget" in capsys.readouterr().out
+
+
+def test_hooks_doc_lists_every_hook_and_builtin():
+    """docs/plugins.md documents every hook and every built-in name; this keeps it in sync."""
+    doc = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
+    documented_hooks = set(re.findall(r"`(register_[a-z_]+)`", doc))
+    assert documented_hooks == {p.hook for p in EXTENSION_POINTS.values()}
+    for row in dspark.list_plugins():
+        if row["plugin"] == "dspark":
+            assert f"`{row['name']}`" in doc, f"docs/plugins.md does not mention {row['kind']} {row['name']!r}"
