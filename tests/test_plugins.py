@@ -260,7 +260,7 @@ def test_cli_lists_every_builtin_and_the_plugin_package(capsys):
 def test_hooks_doc_lists_every_hook_and_builtin():
     """docs/plugins.md documents every hook and every built-in name; this keeps it in sync."""
     doc = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
-    documented_hooks = set(re.findall(r"`(register_[a-z_]+)`", doc))
+    documented_hooks = set(re.findall(r"^### `(register_[a-z_]+)`", doc, flags=re.M))
     assert documented_hooks == {p.hook for p in EXTENSION_POINTS.values()}
     for row in dspark.list_plugins():
         if row["plugin"] == "dspark":

@@ -490,19 +490,23 @@ class STSCalibrator:
         grid = torch.exp(torch.linspace(lo, hi, self.grid_size, dtype=torch.float64))  # [G]
 
         temps: list[float] = []
+        empty: list[int] = []
         prefix = torch.ones(n, dtype=torch.float64)  # [N] Π_{i<j} σ(z_i / T_i)
         for k in range(gamma):
             m = mask[:, k]
             if not m.any():
-                t = temps[-1] if temps else 1.0
-                warnings.warn(
-                    f"STS: no verified rows at position {k + 1}; reusing T={t:.4g}", stacklevel=2
-                )
+                t = temps[-1] if temps else 1.0  # nothing to fit: carry the last T forward
+                empty.append(k + 1)
             else:
                 t = self._search(prefix[m], z[m, k], labels[m, k].to(torch.float64), grid)
             temps.append(t)
             prefix = prefix * torch.sigmoid(z[:, k] / t)
 
+        if empty:
+            warnings.warn(
+                f"STS: no verified rows at positions {empty}; each reuses the previous T",
+                stacklevel=2,
+            )
         t_vec = torch.tensor(temps, dtype=torch.float64)
         info = _fit_info(z, acc, ver, t_vec, self.n_bins, "sequential_survival_ece")
         return attrs.evolve(self, temperatures=tuple(temps), fit_info=info)
