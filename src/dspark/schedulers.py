@@ -86,7 +86,7 @@ def summarise(
     if cost_model is None:
         return tau, int(R + lengths.sum()), math.nan
     B = int(cost_model.batch_size(lengths))
-    theta = tau * float(cost_model.sps(torch.tensor([B]))[0])
+    theta = tau * float(_SPS_CACHE.lookup(cost_model, np.array([B]))[0])
     return tau, B, theta
 
 
