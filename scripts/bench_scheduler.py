@@ -57,7 +57,7 @@ def main() -> None:
             results["median_us"][key] = {}
             for R in SIZES:
                 c = 0.3 + 0.7 * torch.rand(R, gamma, generator=g)
-                us = median_us(lambda: sched.schedule(c, cost_model=cost), args.repeats)
+                us = median_us(lambda s=sched, c=c, m=cost: s.schedule(c, cost_model=m), args.repeats)
                 results["median_us"][key][R] = us
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

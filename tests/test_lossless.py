@@ -11,9 +11,9 @@ import warnings
 
 import pytest
 import torch
-from _sim import chi2_pvalue, exact_joint, simulate
 
 import dspark
+from _sim import chi2_pvalue, exact_joint, simulate
 from dspark.cost_models import SPSTableCostModel
 from dspark.schedulers import LossyScheduleWarning
 from dspark.types import SamplingParams

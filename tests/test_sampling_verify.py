@@ -73,7 +73,7 @@ def _one_hot(idx, V):
 
 
 def test_verify_ragged_lengths_and_committed_layout():
-    V, gamma = 5, 3
+    V = 5
     draft = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3], [4, 4, 4]])
     q = _one_hot(draft, V)  # deterministic drafts
     target_tokens = torch.tensor([[1, 2, 0, 4], [1, 2, 3, 0], [1, 2, 3, 0], [0, 1, 2, 3]])

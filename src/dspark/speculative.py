@@ -15,7 +15,14 @@ import torch
 from attrs import define, field
 
 from dspark.models import cache_kwarg, crop_cache
-from dspark.protocols import Calibrator, ConfidenceModel, CostModel, DraftContext, Drafter, Scheduler
+from dspark.protocols import (
+    Calibrator,
+    ConfidenceModel,
+    CostModel,
+    DraftContext,
+    Drafter,
+    Scheduler,
+)
 from dspark.sampling import probs_from_logits
 from dspark.types import SamplingParams
 from dspark.verify import verify, verify_greedy
@@ -65,7 +72,7 @@ def speculative_generate(
     confidence_model: ConfidenceModel,
     calibrator: Calibrator,
     cost_model: CostModel | None,
-    params: SamplingParams = SamplingParams(),
+    params: SamplingParams | None = None,
     max_new_tokens: int = 64,
     eos_token_id: int | None = None,
     generator: torch.Generator | None = None,
@@ -75,6 +82,7 @@ def speculative_generate(
 
     if prompt_ids.numel() == 0:
         raise ValueError("the prompt is empty")
+    params = params or SamplingParams.greedy()
     stats = RoundStats()
     t_start = time.perf_counter()
     cache = DynamicCache()
