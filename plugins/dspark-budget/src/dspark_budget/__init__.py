@@ -8,7 +8,7 @@ import torch
 from attrs import field, frozen, validators
 
 import dspark
-from dspark.schedulers import survival
+from dspark.schedulers import summarise, survival
 from dspark.types import Schedule
 
 __version__ = "0.1.0"
@@ -58,10 +58,7 @@ class TokenBudgetScheduler:
         _, order = torch.sort(key, descending=True, stable=True)  # [Rγ]
         K = min(room, int(valid.sum()))
         lengths = torch.bincount(order[:K] // gamma, minlength=R)  # [R]
-        verified = torch.arange(gamma)[None, :] < lengths[:, None]  # [R, γ]
-        tau = float(R + (a * verified).sum())
-        B = int(R + lengths.sum())
-        theta = float("nan") if cost_model is None else tau * float(cost_model.sps(torch.tensor([B]))[0])
+        tau, B, theta = summarise(a, lengths, cost_model)
         return Schedule(lengths, a, tau, B, theta)
 
 
