@@ -263,8 +263,18 @@ def test_ngram_window_limits_lookup():
 
 def test_ngram_token_out_of_vocab_names_the_request():
     drafter = NGramDrafter(vocab_size=8, gamma=2)
-    with pytest.raises(ValueError, match=r"request 'req-b' has token id 8 ≥ the drafter's vocab_size 8"):
+    with pytest.raises(ValueError, match=r"request 'req-b' has token id 8 outside the drafter's vocabulary \[0, 8\)"):
         drafter.draft(_ctx([[1, 2, 1], [1, 8, 3]], ids=["req-a", "req-b"]))
+    with pytest.raises(ValueError, match=r"request 'req-a' has token id -3 outside"):
+        drafter.draft(_ctx([[1, -3, 5, 1]], ids=["req-a"]))
+
+
+def test_ngram_negative_room_and_ngram_order():
+    drafter = NGramDrafter(vocab_size=8, gamma=3)
+    ctx = DraftContext(["r"], [torch.tensor([1, 2, 3, 1])], [SamplingParams()], max_lengths=torch.tensor([-1]))
+    assert drafter.draft(ctx).valid_lengths.tolist() == [0]
+    with pytest.raises(ValueError, match="min_ngram"):
+        NGramDrafter(vocab_size=8, min_ngram=3, max_ngram=2)
 
 
 def test_ngram_drafter_config_validation():
@@ -352,3 +362,8 @@ def test_cli_demo_with_missing_model_exits_2(capsys, tmp_path):
     assert main(["demo", "--model", str(tmp_path / "absent"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "dspark demo: error:" in err and "neither" in err
+
+
+def test_load_causal_lm_rejects_a_folder_without_config(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not an HF model folder"):
+        load_causal_lm(str(tmp_path))

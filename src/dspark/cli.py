@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (PluginError, ValueError, FileNotFoundError, ImportError) as exc:
+    except (PluginError, ValueError, OSError, ImportError) as exc:
         print(f"dspark {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

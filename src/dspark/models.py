@@ -48,6 +48,8 @@ def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None) -> tuple[Any, Any]:
                 raise FileNotFoundError(f"GGUF file {p} does not exist")
             folder, kwargs = str(p.parent), {"gguf_file": p.name}
         elif p.is_dir():
+            if not (p / "config.json").is_file():
+                raise FileNotFoundError(f"{p} is not an HF model folder (no config.json)")
             folder, kwargs = str(p), {}
         else:
             raise FileNotFoundError(

@@ -46,19 +46,25 @@ class NGramDrafter:
     prior_acceptance: float = field(default=0.5, validator=[validators.gt(0.0), validators.lt(1.0)])
     window: int = field(default=1024, validator=validators.gt(0))
 
+    def __attrs_post_init__(self) -> None:
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram ({self.min_ngram}) must not exceed max_ngram ({self.max_ngram})")
+
     def draft(self, context: DraftContext) -> DraftBlock:
         R, gamma, V = len(context.request_ids), self.gamma, self.vocab_size
         tokens = torch.zeros(R, gamma, dtype=torch.long)  # [R, γ]
         valid = torch.zeros(R, dtype=torch.long)  # [R]
         for r, ids in enumerate(context.token_ids):
-            if int(ids.max()) >= V:
+            lo, hi = torch.aminmax(ids)
+            if int(lo) < 0 or int(hi) >= V:
+                bad = int(lo) if int(lo) < 0 else int(hi)
                 raise ValueError(
-                    f"request {context.request_ids[r]!r} has token id {int(ids.max())} ≥ the "
-                    f"drafter's vocab_size {V}"
+                    f"request {context.request_ids[r]!r} has token id {bad} outside the "
+                    f"drafter's vocabulary [0, {V})"
                 )
             follow = lookup_continuation(ids[-self.window :].tolist(), gamma, self.min_ngram, self.max_ngram)
             if context.max_lengths is not None:
-                follow = follow[: int(context.max_lengths[r])]
+                follow = follow[: max(0, int(context.max_lengths[r]))]
             tokens[r, : len(follow)] = torch.tensor(follow, dtype=torch.long)
             valid[r] = len(follow)
         q = torch.zeros(R, gamma, V).scatter_(-1, tokens[..., None], 1.0)  # [R, γ, V] one-hot

@@ -37,8 +37,12 @@ class DraftContext:
         if self.generators is not None and len(self.generators) != n:
             raise ValueError(f"DraftContext: {n} requests but {len(self.generators)} generators")
         for rid, ids in zip(self.request_ids, self.token_ids):
-            if ids.ndim != 1 or ids.numel() == 0:
-                raise ValueError(f"DraftContext: request {rid!r} has no anchor token")
+            if ids.ndim != 1:
+                raise ValueError(
+                    f"DraftContext: request {rid!r} token ids must be 1-D, got shape {tuple(ids.shape)}"
+                )
+            if ids.numel() == 0:
+                raise ValueError(f"DraftContext: request {rid!r} has no anchor token (empty prompt)")
 
 
 @runtime_checkable
