@@ -7,17 +7,51 @@ from typing import Any
 from dspark.hookspecs import Register, hookimpl
 
 
+def _neural(kind: str):
+    def factory(target: Any = None, checkpoint: Any = None, **config: Any):
+        from dspark.drafters.checkpoint import from_pretrained
+        from dspark.drafters.config import DrafterConfig
+        from dspark.drafters.neural import build_drafter
+
+        if checkpoint is not None:
+            drafter = from_pretrained(checkpoint, target)
+            if drafter.config.kind != kind:
+                raise ValueError(f"{checkpoint} holds a {drafter.config.kind} drafter, not {kind}")
+            return drafter
+        if target is None:
+            raise ValueError(f"the {kind} drafter needs target= (to copy its layer shape) or checkpoint=")
+        cfg = DrafterConfig.for_target(target.model.config, kind, target_name=getattr(target, "name", "target"), **config)
+        drafter = build_drafter(cfg)
+        model = target.model
+        drafter.to(next(model.parameters()).dtype)
+        drafter.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+        return drafter.eval()
+
+    factory.__doc__ = {
+        "dspark": "DSpark: parallel backbone + sequential head + confidence head (target=, checkpoint=, config).",
+        "dflash": "DFlash: the parallel backbone alone (target=, checkpoint=, config).",
+        "eagle3": "Eagle3: one autoregressive layer over fused low/mid/high target features.",
+    }[kind]
+    return factory
+
+
 @hookimpl
 def register_drafters(register: Register) -> None:
     from dspark.drafters import NGramDrafter
 
     register("ngram", NGramDrafter)
+    for kind in ("dspark", "dflash", "eagle3"):
+        register(kind, _neural(kind))
 
 
 @hookimpl
 def register_sequential_heads(register: Register) -> None:
-    # The neural heads (vanilla-markov, gated-markov, rnn) arrive with the neural drafters.
-    return None
+    from dspark.heads import GatedMarkovHead, RNNHead, VanillaMarkovHead
+
+    # Each class is its own factory: (vocab_size, hidden_size, rank=256), W_up zero-initialised.
+    register("vanilla-markov", VanillaMarkovHead)
+    register("gated-markov", GatedMarkovHead)
+    register("rnn", RNNHead)
 
 
 @hookimpl

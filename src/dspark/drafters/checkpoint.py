@@ -1,0 +1,189 @@
+"""Saving and loading neural drafters: ``config.json`` + ``model.safetensors``.
+
+A checkpoint records the target it was trained for (name, vocab size, hidden size, number of
+layers) and the target layer ids; loading it against another target fails with a message naming
+each mismatch. The target's embedding and LM head are never stored: they are bound from the target
+at load time.
+
+The public DFlash checkpoint layout (z-lab ``*-DFlash-*``, as read by SGLang / vLLM: a Qwen3-style
+``config.json`` with ``block_size``, ``num_target_layers`` and ``dflash_config.{target_layer_ids,
+mask_token_id}``; weights ``fc``, ``hidden_norm``, ``layers.N.self_attn.*``, ``layers.N.mlp.*``,
+``layers.N.{input,post_attention}_layernorm``, ``norm``) loads as a ``dflash`` drafter through
+:func:`load_dflash_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dspark.drafters.config import DrafterConfig, TargetInfo
+from dspark.drafters.layers import LayerShape
+from dspark.drafters.neural import build_drafter
+
+__all__ = ["save_pretrained", "from_pretrained", "load_dflash_checkpoint", "dflash_to_dspark_keys"]
+
+FORMAT = "dspark.drafter"
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt, or does not fit the model or target."""
+
+
+def save_pretrained(drafter: Any, path: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (optionally cast, e.g. torch.float16)."""
+    from safetensors.torch import save_file
+
+    from dspark import __version__
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.to(dtype) if dtype and v.is_floating_point() else v).contiguous()
+             for k, v in drafter.state_dict().items()}
+    save_file(state, str(out / WEIGHTS_NAME), metadata={"format": FORMAT})
+    meta = {"format": FORMAT, "format_version": 1, "dspark_version": __version__,
+            "config": drafter.config.to_dict()}
+    (out / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist")
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
+
+
+def _target_info(target: Any) -> TargetInfo:
+    return TargetInfo(getattr(target, "name", "target"), target.vocab_size, target.hidden_size, target.num_layers)
+
+
+def _bind(drafter: Any, target: Any) -> None:
+    model = target.model
+    drafter.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+    drafter.to(next(model.parameters()).dtype)
+
+
+def _load_state(drafter: Any, state: dict[str, torch.Tensor], where: Path) -> None:
+    own = drafter.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{where}: weights do not match a {drafter.config.kind} drafter with this config "
+            f"(missing: {missing[:5]}{'…' if len(missing) > 5 else ''}; "
+            f"unexpected: {unexpected[:5]}{'…' if len(unexpected) > 5 else ''})"
+        )
+    bad = [k for k in own if tuple(own[k].shape) != tuple(state[k].shape)]
+    if bad:
+        k = bad[0]
+        raise CheckpointError(f"{where}: {k} has shape {tuple(state[k].shape)}, expected {tuple(own[k].shape)}")
+    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def from_pretrained(path: str | Path, target: Any = None) -> Any:
+    """Load a drafter saved by :func:`save_pretrained`; with ``target``, check and bind it."""
+    root = Path(path)
+    meta = _read_json(root / CONFIG_NAME)
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{root / CONFIG_NAME} is not a dspark drafter config (format {meta.get('format')!r})")
+    try:
+        config = DrafterConfig.from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{root / CONFIG_NAME}: bad drafter config: {exc}") from None
+    if target is not None:
+        config.target.check_compatible(_target_info(target), config.target_layer_ids)
+    drafter = build_drafter(config)
+    _load_state(drafter, _read_weights(root / WEIGHTS_NAME), root / WEIGHTS_NAME)
+    if target is not None:
+        _bind(drafter, target)
+    return drafter.eval()
+
+
+# --------------------------------------------------------------------------------------------
+# The public DFlash layout
+# --------------------------------------------------------------------------------------------
+
+_DFLASH_RENAMES = [
+    (r"^fc\.", "fuse."),
+    (r"^hidden_norm\.", "fuse_norm."),
+    (r"^layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.", r"layers.\1.\2."),
+    (r"^layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.", r"layers.\1.\2."),
+    (r"^layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
+    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_norm."),
+]
+
+
+def dflash_to_dspark_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename DFlash checkpoint keys to this package's BlockDrafter names (``model.`` prefix dropped)."""
+    out = {}
+    for key, value in state.items():
+        k = key.removeprefix("model.")
+        for pattern, repl in _DFLASH_RENAMES:
+            k = re.sub(pattern, repl, k)
+        out[k] = value
+    return out
+
+
+def load_dflash_checkpoint(
+    path: str | Path, target: Any, state: dict[str, torch.Tensor] | None = None
+) -> Any:
+    """A ``dflash`` drafter from a public DFlash checkpoint folder (or its parsed state dict).
+
+    The DFlash mask token is a target vocabulary id: its target embedding becomes this drafter's
+    mask embedding.
+    """
+    root = Path(path)
+    cfg = _read_json(root / CONFIG_NAME)
+    try:
+        dcfg = cfg.get("dflash_config") or {}
+        heads = cfg["num_attention_heads"]
+        shape = LayerShape(
+            hidden_size=cfg["hidden_size"], num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float((cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 1e6)),
+        )
+        layer_ids = tuple(dcfg["target_layer_ids"])
+        mask_id = dcfg.get("mask_token_id")
+        config = DrafterConfig(
+            kind="dflash", vocab_size=cfg["vocab_size"], layer=shape,
+            target=TargetInfo(cfg.get("target_name", "dflash-target"), cfg["vocab_size"], cfg["hidden_size"],
+                              cfg.get("num_target_layers", target.num_layers)),
+            target_layer_ids=layer_ids, num_layers=cfg["num_hidden_layers"], gamma=cfg.get("block_size", 16),
+        )
+    except KeyError as exc:
+        raise CheckpointError(f"{root / CONFIG_NAME}: DFlash config field {exc} is missing") from None
+    config.target.check_compatible(_target_info(target), layer_ids)
+    drafter = build_drafter(config)
+    if state is None:
+        state = _read_weights(root / WEIGHTS_NAME)
+    state = dflash_to_dspark_keys(state)
+    embed = target.model.get_input_embeddings().weight
+    if "mask_embedding" not in state:
+        if mask_id is None or not 0 <= int(mask_id) < embed.shape[0]:
+            raise CheckpointError(f"{root / CONFIG_NAME}: dflash_config.mask_token_id {mask_id!r} is not a target token id")
+        state["mask_embedding"] = embed[int(mask_id)].detach().clone()
+    _load_state(drafter, state, root / WEIGHTS_NAME)
+    _bind(drafter, target)
+    return drafter.eval()

@@ -1,0 +1,144 @@
+"""Configuration of the neural drafters, and the target a drafter belongs to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from attrs import field, frozen, validators
+
+from dspark.drafters.layers import LayerShape
+
+__all__ = ["TargetInfo", "DrafterConfig", "default_layer_ids"]
+
+KINDS = ("dspark", "dflash", "eagle3")
+HEADS = ("vanilla-markov", "gated-markov", "rnn")
+
+
+def default_layer_ids(num_layers: int, m: int = 5) -> tuple[int, ...]:
+    """m target layer ids (0-based decoder layers, never the last) spread from 1 to L−3.
+
+    ``round(1 + i·(L−4)/(m−1))`` as in the public DFlash/DeepSpec code: Qwen3-4B (L = 36) gives
+    (1, 9, 17, 25, 33); one layer gives L // 2. Layer id k is the output of decoder layer k,
+    i.e. HF ``hidden_states[k + 1]``.
+    """
+    if num_layers < 2:
+        raise ValueError(f"a target needs at least 2 layers to feed a drafter, got {num_layers}")
+    if m == 1:
+        return (num_layers // 2,)
+    if num_layers < 5:
+        return tuple(range(num_layers - 1))[:m]
+    span = num_layers - 4
+    return tuple(sorted({int(round(1 + i * span / (m - 1))) for i in range(m)}))
+
+
+@frozen
+class TargetInfo:
+    """What a checkpoint records about the target it was trained for."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+
+    def check_compatible(self, other: TargetInfo, layer_ids: tuple[int, ...]) -> None:
+        """Raise a ValueError naming every mismatch between this and the target given."""
+        problems = []
+        if self.vocab_size != other.vocab_size:
+            problems.append(f"vocab size {self.vocab_size} ≠ target's {other.vocab_size}")
+        if self.hidden_size != other.hidden_size:
+            problems.append(f"hidden size {self.hidden_size} ≠ target's {other.hidden_size}")
+        bad = [i for i in layer_ids if not 0 <= i < other.num_layers]
+        if bad:
+            problems.append(f"layer ids {bad} outside the target's 0..{other.num_layers - 1}")
+        if problems:
+            raise ValueError(
+                f"drafter trained for {self.name!r} does not fit target {other.name!r}: "
+                + "; ".join(problems)
+            )
+
+
+def _positive(_i: Any, a: Any, v: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise ValueError(f"{a.name} must be a positive integer, got {v!r}")
+
+
+@frozen
+class DrafterConfig:
+    """A neural drafter's architecture. Draft layers copy the target's layer shape."""
+
+    kind: str = field(validator=validators.in_(KINDS))
+    vocab_size: int = field(validator=_positive)
+    layer: LayerShape = field(converter=lambda v: v if isinstance(v, LayerShape) else LayerShape(**v))
+    target: TargetInfo = field(converter=lambda v: v if isinstance(v, TargetInfo) else TargetInfo(**v))
+    target_layer_ids: tuple[int, ...] = field(converter=tuple)
+    num_layers: int = field(default=5, validator=_positive)
+    gamma: int = field(default=7, validator=_positive)
+    head: str | None = field(default=None, validator=validators.optional(validators.in_(HEADS)))
+    rank: int = field(default=256, validator=_positive)
+    confidence: bool = field(default=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids must name at least one target layer")
+        self.target.check_compatible(self.target, self.target_layer_ids)
+        if self.kind == "eagle3" and len(self.target_layer_ids) != 3:
+            raise ValueError("eagle3 fuses exactly 3 target layers (low, mid, high)")
+        if self.kind != "dspark" and (self.head or self.confidence):
+            raise ValueError(f"{self.kind} has no sequential head and no confidence head")
+        if self.layer.num_heads % self.layer.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+    @classmethod
+    def for_target(
+        cls,
+        target_config: Any,
+        kind: str = "dspark",
+        *,
+        target_name: str = "target",
+        layer_ids: tuple[int, ...] | None = None,
+        **overrides: Any,
+    ) -> DrafterConfig:
+        """Copy the layer shape from an HF config; defaults per kind (DESIGN.md §4)."""
+        c = target_config
+        heads = c.num_attention_heads
+        rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", 10000.0)
+        shape = LayerShape(
+            hidden_size=c.hidden_size,
+            num_heads=heads,
+            num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+            intermediate_size=c.intermediate_size,
+            rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5),
+            rope_theta=float(rope),
+        )
+        L = c.num_hidden_layers
+        if layer_ids is None:
+            layer_ids = (1, L // 2, L - 2) if kind == "eagle3" else default_layer_ids(L)
+        defaults: dict[str, Any] = {
+            "dspark": {"num_layers": 5, "head": "gated-markov", "confidence": True},
+            "dflash": {"num_layers": 5},
+            "eagle3": {"num_layers": 1},
+        }[kind]
+        return cls(
+            kind=kind,
+            vocab_size=c.vocab_size,
+            layer=shape,
+            target=TargetInfo(target_name, c.vocab_size, c.hidden_size, L),
+            target_layer_ids=tuple(layer_ids),
+            **{**defaults, **overrides},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self, value_serializer=lambda _i, _a, v: list(v) if isinstance(v, tuple) else v)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
+        known = {a.name for a in attrs.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"drafter config has unknown fields {sorted(unknown)}")
+        missing = [a.name for a in attrs.fields(cls) if a.default is attrs.NOTHING and a.name not in data]
+        if missing:
+            raise ValueError(f"drafter config is missing fields {missing}")
+        return cls(**data)

@@ -1,0 +1,129 @@
+"""Llama/Qwen3-style draft layers with context KV injection.
+
+Terms: R requests, γ block size, n context positions (committed tokens before the anchor), d
+hidden size, H query heads, H_kv key/value heads, hd head dim. A draft layer attends from the
+block's γ queries to [context K/V ; block K/V]: the context K/V are the layer's *own* k/v
+projections of the fused target features (KV injection, DESIGN.md §4), with k-norm and RoPE at
+their absolute positions, cached per request; the block's K/V are discarded after each round.
+The block attends bidirectionally to itself (``causal=False``, DSpark/DFlash) or causally
+(``causal=True``, Eagle3's autoregressive layer).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from attrs import frozen
+from torch import nn
+
+__all__ = ["LayerShape", "RMSNorm", "rope", "DraftLayer"]
+
+
+@frozen
+class LayerShape:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention, as HF Llama/Qwen3).
+
+    x [..., H, n, hd]; positions broadcastable to [..., n] (int64 absolute positions).
+    """
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = positions.to(torch.float32)[..., None] * inv_freq  # [..., n, hd/2]
+    ang = torch.cat([ang, ang], dim=-1).unsqueeze(-3)  # [..., 1, n, hd]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class DraftLayer(nn.Module):
+    """Pre-norm attention + SwiGLU MLP, with an extra path that projects context features to K/V."""
+
+    def __init__(self, shape: LayerShape) -> None:
+        super().__init__()
+        s = shape
+        self.shape = s
+        d, H, Hkv, hd = s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim
+        self.input_norm = RMSNorm(d, s.rms_norm_eps)
+        self.q_proj = nn.Linear(d, H * hd, bias=False)
+        self.k_proj = nn.Linear(d, Hkv * hd, bias=False)
+        self.v_proj = nn.Linear(d, Hkv * hd, bias=False)
+        self.o_proj = nn.Linear(H * hd, d, bias=False)
+        self.q_norm = RMSNorm(hd, s.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, s.rms_norm_eps)
+        self.post_norm = RMSNorm(d, s.rms_norm_eps)
+        self.gate_proj = nn.Linear(d, s.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, s.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(s.intermediate_size, d, bias=False)
+
+    def _kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [R, n, d], positions [R, n] → K, V [R, H_kv, n, hd] (K normed and rotated)."""
+        R, n, _ = x.shape
+        s = self.shape
+        k = self.k_proj(x).view(R, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(R, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        return rope(self.k_norm(k), positions, s.rope_theta), v
+
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV injection: fused context features ctx [R, n, d] at positions [R, n] → K, V."""
+        return self._kv(ctx, positions)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+        ctx_mask: torch.Tensor,
+        causal: bool = False,
+        return_kv: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer over the block.
+
+        x [R, γ, d] block states; positions [R, γ]; ctx_k/ctx_v [R, H_kv, n, hd] injected context
+        (padded); ctx_mask [R, n] bool, True where a context slot is real. Returns [R, γ, d], and
+        with ``return_kv`` also the block's own K, V [R, H_kv, γ, hd] (Eagle3 caches them).
+        """
+        R, g, _ = x.shape
+        s = self.shape
+        h = self.input_norm(x)
+        q = self.q_proj(h).view(R, g, s.num_heads, s.head_dim).transpose(1, 2)  # [R, H, γ, hd]
+        q = rope(self.q_norm(q), positions, s.rope_theta)
+        k_blk, v_blk = self._kv(h, positions)  # [R, H_kv, γ, hd]
+        k = torch.cat([ctx_k, k_blk], dim=2)  # [R, H_kv, n+γ, hd]
+        v = torch.cat([ctx_v, v_blk], dim=2)
+        rep = s.num_heads // s.num_kv_heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        blk = torch.ones(g, g, dtype=torch.bool, device=x.device)
+        if causal:
+            blk = torch.tril(blk)
+        mask = torch.cat(
+            [ctx_mask[:, None, :].expand(R, g, -1), blk.expand(R, g, g)], dim=-1
+        )  # [R, γ, n+γ]
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # [R, H, γ, hd]
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(R, g, s.num_heads * s.head_dim))
+        h = self.post_norm(x)
+        out = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return (out, k_blk, v_blk) if return_kv else out

@@ -1,0 +1,316 @@
+"""The neural drafters: DSpark (parallel backbone + sequential head + confidence), DFlash
+(backbone only) and Eagle3 (one autoregressive layer).
+
+Terms: R requests, γ block size, V vocabulary, d hidden size, m captured target layers. For a
+request whose anchor (last committed token) sits at absolute position a, the *context* is every
+committed position before a; the engine hands the drafter the target's hidden states at
+``target_layer_ids`` for context positions it has not seen yet (``DraftContext.features["hidden"]``,
+one [n_new, m·d] tensor per request), and the drafter caches per-layer context K/V only.
+
+DSpark / DFlash — one non-causal forward over the block [anchor, MASK × (γ−1)] at positions
+a..a+γ−1 gives h_1..h_γ and base logits U_j = W_lm·norm(h_j); DSpark then runs the sequential
+head Ũ_j = U_j + b(x̂_{j−1}, h_j) for j = 1..γ and draws x̂_j ~ softmax(Ũ_j) under the request's
+sampling params, with confidence logits from (h_j, x̂_{j−1}); DFlash draws every x̂_j from U_j.
+
+Eagle3 — input at position t is W_in[emb(x_{t+1}) ; f_t] where f_t is the fused target feature
+(context) or the layer's own previous output (drafted positions); γ causal steps.
+
+The target's token embedding and LM head are shared and frozen: they are bound from the target
+(``bind_target``) and never saved with the drafter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from dspark.drafters.config import DrafterConfig
+from dspark.drafters.layers import DraftLayer, RMSNorm
+from dspark.protocols.drafter import DraftContext
+from dspark.sampling import probs_for_requests, sample
+from dspark.types import DraftBlock
+
+__all__ = ["BlockDrafter", "Eagle3Drafter", "build_drafter"]
+
+
+class _ContextCache:
+    """Per-request context K/V for every draft layer: lists of [H_kv, n, hd]."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+        self.length = 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer] = k if self.k[layer] is None else torch.cat([self.k[layer], k], dim=1)
+        self.v[layer] = v if self.v[layer] is None else torch.cat([self.v[layer], v], dim=1)
+
+
+def _pad_context(
+    caches: list[_ContextCache], layer: int, shape: Any, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad per-request context K/V of one layer → K, V [R, H_kv, n_max, hd], mask [R, n_max]."""
+    R = len(caches)
+    n_max = max(c.length for c in caches)
+    K = like.new_zeros(R, shape.num_kv_heads, n_max, shape.head_dim)
+    Vv = like.new_zeros(R, shape.num_kv_heads, n_max, shape.head_dim)
+    mask = torch.zeros(R, n_max, dtype=torch.bool, device=like.device)
+    for r, c in enumerate(caches):
+        if c.length:
+            K[r, :, : c.length] = c.k[layer]
+            Vv[r, :, : c.length] = c.v[layer]
+            mask[r, : c.length] = True
+    return K, Vv, mask
+
+
+class _NeuralDrafter(nn.Module):
+    """Shared plumbing: the bound target embedding / LM head, per-request caches, sampling."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.name = config.kind
+        self.gamma = config.gamma
+        self.vocab_size = config.vocab_size
+        self.target_layer_ids = config.target_layer_ids
+        self._embed: torch.Tensor | None = None  # [V, d] frozen, from the target
+        self._lm_head: torch.Tensor | None = None  # [V, d] frozen, from the target
+        self._caches: dict[str, _ContextCache] = {}
+
+    # -- target binding -------------------------------------------------------------------
+    def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> _NeuralDrafter:
+        V, d = self.config.vocab_size, self.config.layer.hidden_size
+        for what, w in (("embedding", embed_weight), ("LM head", lm_head_weight)):
+            if tuple(w.shape) != (V, d):
+                raise ValueError(
+                    f"target {what} has shape {tuple(w.shape)}; this drafter needs [vocab {V}, hidden {d}]"
+                )
+        self._embed = embed_weight.detach()
+        self._lm_head = lm_head_weight.detach()
+        return self
+
+    def _require_bound(self) -> None:
+        if self._embed is None or self._lm_head is None:
+            raise RuntimeError("bind_target(embed, lm_head) must be called before drafting")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(tokens, self._embed).to(self.dtype)  # [..., d]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return h.to(self._lm_head.dtype) @ self._lm_head.T  # [..., V]
+
+    # -- per-request state ----------------------------------------------------------------
+    def release(self, request_id: str) -> None:
+        self._caches.pop(request_id, None)
+
+    def _new_features(self, context: DraftContext) -> list[torch.Tensor]:
+        feats = context.features.get("hidden")
+        R = len(context.request_ids)
+        if feats is None or len(feats) != R:
+            raise ValueError(
+                f"{self.name} drafter needs features['hidden']: one [n_new, m·d] tensor per request "
+                f"(target hidden states at layers {list(self.target_layer_ids)})"
+            )
+        want = len(self.target_layer_ids) * self.config.layer.hidden_size
+        for rid, f in zip(context.request_ids, feats):
+            if f.ndim != 2 or f.shape[1] != want:
+                raise ValueError(
+                    f"request {rid!r}: features must be [n_new, {want}] (m={len(self.target_layer_ids)} "
+                    f"layers × hidden {self.config.layer.hidden_size}), got {tuple(f.shape)}"
+                )
+        return feats
+
+    def _check_anchor(self, rid: str, cache: _ContextCache, ids: torch.Tensor, lag: int) -> None:
+        if cache.length != ids.numel() - lag:
+            raise ValueError(
+                f"request {rid!r}: the drafter has context for {cache.length} positions but the "
+                f"anchor is at position {ids.numel() - 1}; pass the target features of every "
+                "committed token before the anchor"
+            )
+
+    def _sample_block(self, logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [R, V] → (q [R, V], tokens [R]) under each request's sampling params."""
+        q = probs_for_requests(logits, context.sampling)  # [R, V]
+        return q, sample(q, context.generators)
+
+    def _valid(self, context: DraftContext, R: int) -> torch.Tensor:
+        valid = torch.full((R,), self.gamma, dtype=torch.long)
+        if context.max_lengths is not None:
+            valid = torch.minimum(valid, context.max_lengths.long().clamp_min(0))
+        return valid  # [R]
+
+
+class BlockDrafter(_NeuralDrafter):
+    """DSpark (with ``config.head``) and DFlash (without): parallel backbone + optional head."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__(config)
+        s = config.layer
+        m = len(config.target_layer_ids)
+        self.fuse = nn.Linear(m * s.hidden_size, s.hidden_size, bias=False)
+        self.fuse_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(s) for _ in range(config.num_layers))
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(s.hidden_size))
+        nn.init.normal_(self.mask_embedding, std=0.02)
+        self.head = None
+        self.confidence_head = None
+        if config.head is not None:
+            from dspark.heads import ConfidenceHead, build_head
+
+            self.head = build_head(config.head, config.vocab_size, s.hidden_size, config.rank)
+            if config.confidence:
+                self.confidence_head = ConfidenceHead(s.hidden_size, config.rank)
+
+    # -- separately callable parts (the export compiles them apart) -------------------------
+    def ingest(self, cache: _ContextCache, features: torch.Tensor) -> None:
+        """Fuse new context features [n_new, m·d] and append each layer's injected K/V."""
+        n = features.shape[0]
+        if n == 0:
+            return
+        ctx = self.fuse_norm(self.fuse(features.to(self.fuse.weight.dtype)))[None]  # [1, n, d]
+        pos = torch.arange(cache.length, cache.length + n)[None]  # [1, n]
+        for i, layer in enumerate(self.layers):
+            k, v = layer.context_kv(ctx, pos)  # [1, H_kv, n, hd]
+            cache.append(i, k[0], v[0])
+        cache.length += n
+
+    def backbone(self, anchors: torch.Tensor, anchor_pos: torch.Tensor, caches: list[_ContextCache]) -> tuple[torch.Tensor, torch.Tensor]:
+        """anchors [R], anchor_pos [R] → h [R, γ, d], base logits U [R, γ, V]."""
+        R, g = anchors.shape[0], self.gamma
+        x = torch.cat(
+            [self.embed(anchors)[:, None], self.mask_embedding.expand(R, g - 1, -1)], dim=1
+        )  # [R, γ, d]
+        pos = anchor_pos[:, None] + torch.arange(g)[None]  # [R, γ]
+        for i, layer in enumerate(self.layers):
+            k, v, mask = _pad_context(caches, i, self.config.layer, x)
+            x = layer(x, pos, k, v, mask)
+        h = self.norm(x)  # [R, γ, d]
+        return h, self.logits(h)
+
+    @torch.inference_mode()
+    def draft(self, context: DraftContext) -> DraftBlock:
+        self._require_bound()
+        feats = self._new_features(context)
+        R = len(context.request_ids)
+        caches = []
+        for rid, ids, f in zip(context.request_ids, context.token_ids, feats):
+            cache = self._caches.setdefault(rid, _ContextCache(len(self.layers)))
+            self.ingest(cache, f)
+            self._check_anchor(rid, cache, ids, lag=1)
+            caches.append(cache)
+        anchors = torch.stack([ids[-1] for ids in context.token_ids])  # [R]
+        anchor_pos = torch.tensor([ids.numel() - 1 for ids in context.token_ids])  # [R]
+        h, U = self.backbone(anchors, anchor_pos, caches)  # [R, γ, d], [R, γ, V]
+        tokens, qs, logits, conf = [], [], [], []
+        prev, state = anchors, None
+        for j in range(self.gamma):
+            U_j = U[:, j].float()
+            if self.head is not None:
+                U_j, state = self.head.step(prev, h[:, j], U_j, state)  # Ũ_j [R, V]
+                if self.confidence_head is not None:
+                    conf.append(self.confidence_head(h[:, j], self.head.prev_embedding(prev)))  # [R]
+            q_j, x_j = self._sample_block(U_j, context)
+            tokens.append(x_j)
+            qs.append(q_j)
+            logits.append(U_j)
+            prev = x_j
+        return DraftBlock(
+            tokens=torch.stack(tokens, 1),  # [R, γ]
+            q=torch.stack(qs, 1),  # [R, γ, V]
+            valid_lengths=self._valid(context, R),
+            confidence_logits=torch.stack(conf, 1).float() if conf else None,  # [R, γ]
+            draft_logits=torch.stack(logits, 1),
+            hidden=h,
+        )
+
+
+class Eagle3Drafter(_NeuralDrafter):
+    """One causal decoder layer over fused low/mid/high target features, γ autoregressive steps."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__(config)
+        s = config.layer
+        d = s.hidden_size
+        self.fuse = nn.Linear(3 * d, d, bias=False)
+        self.in_proj = nn.Linear(2 * d, d, bias=False)
+        self.layer = DraftLayer(s)
+        self.norm = RMSNorm(d, s.rms_norm_eps)
+        self._pending: dict[str, torch.Tensor] = {}  # fused feature of the last context position
+
+    def release(self, request_id: str) -> None:
+        super().release(request_id)
+        self._pending.pop(request_id, None)
+
+    def _inputs(self, next_tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        return self.in_proj(torch.cat([self.embed(next_tokens), feats], dim=-1))  # [..., d]
+
+    @torch.inference_mode()
+    def draft(self, context: DraftContext) -> DraftBlock:
+        self._require_bound()
+        feats = self._new_features(context)
+        R, s = len(context.request_ids), self.config.layer
+        caches, last_feat = [], []
+        for rid, ids, f in zip(context.request_ids, context.token_ids, feats):
+            cache = self._caches.setdefault(rid, _ContextCache(1))
+            fused = self.fuse(f.to(self.fuse.weight.dtype))  # [n_new, d]
+            if self._pending.get(rid) is not None:
+                fused = torch.cat([self._pending[rid], fused])
+            if fused.shape[0] == 0:
+                # A one-token prompt has no target feature yet: draft from a zero feature once,
+                # and do not cache it (position −1 does not exist).
+                last_feat.append(fused.new_zeros(s.hidden_size))
+                self._pending[rid] = None
+                caches.append(cache)
+                continue
+            # Positions t with both f_t and x_{t+1} committed go into the cache; the last feature
+            # (t = a−1, paired with the anchor) is the first drafting step.
+            n_ready = fused.shape[0] - 1
+            if n_ready > 0:
+                t0 = cache.length
+                toks = ids[t0 + 1 : t0 + 1 + n_ready]
+                x = self._inputs(toks, fused[:n_ready])[None]  # [1, n, d]
+                pos = torch.arange(t0, t0 + n_ready)[None]
+                k_ctx, v_ctx, mask = _pad_context([cache], 0, s, x) if cache.length else (
+                    x.new_zeros(1, s.num_kv_heads, 0, s.head_dim), x.new_zeros(1, s.num_kv_heads, 0, s.head_dim),
+                    torch.zeros(1, 0, dtype=torch.bool))
+                _, k, v = self.layer(x, pos, k_ctx, v_ctx, mask, causal=True, return_kv=True)
+                cache.append(0, k[0], v[0])
+                cache.length += n_ready
+            self._pending[rid] = fused[-1:]
+            self._check_anchor(rid, cache, ids, lag=2)
+            caches.append(cache)
+            last_feat.append(fused[-1])
+        k_ctx, v_ctx, mask = _pad_context(caches, 0, s, last_feat[0][None, None])
+        feat = torch.stack(last_feat)  # [R, d]
+        tok = torch.stack([ids[-1] for ids in context.token_ids])  # [R] x_{t+1} = anchor
+        pos = torch.tensor([ids.numel() - 2 for ids in context.token_ids])  # [R] t = a − 1
+        tokens, qs, logits = [], [], []
+        for _ in range(self.gamma):
+            x = self._inputs(tok, feat)[:, None]  # [R, 1, d]
+            out, k, v = self.layer(x, pos[:, None], k_ctx, v_ctx, mask, causal=True, return_kv=True)
+            k_ctx, v_ctx = torch.cat([k_ctx, k], 2), torch.cat([v_ctx, v], 2)
+            mask = torch.cat([mask, torch.ones(R, 1, dtype=torch.bool)], 1)
+            h = self.norm(out[:, 0])  # [R, d]
+            U = self.logits(h).float()  # [R, V]
+            q, x_next = self._sample_block(U, context)
+            tokens.append(x_next)
+            qs.append(q)
+            logits.append(U)
+            tok, feat, pos = x_next, out[:, 0], pos + 1
+        return DraftBlock(
+            tokens=torch.stack(tokens, 1),
+            q=torch.stack(qs, 1),
+            valid_lengths=self._valid(context, R),
+            draft_logits=torch.stack(logits, 1),
+        )
+
+
+def build_drafter(config: DrafterConfig) -> _NeuralDrafter:
+    return Eagle3Drafter(config) if config.kind == "eagle3" else BlockDrafter(config)
