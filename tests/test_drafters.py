@@ -1,0 +1,219 @@
+"""Neural drafters: shapes, incremental context caching, batch invariance, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+import dspark
+from dspark.drafters.checkpoint import (
+    CheckpointError,
+    from_pretrained,
+    load_dflash_checkpoint,
+    save_pretrained,
+)
+from dspark.drafters.config import DrafterConfig, default_layer_ids
+from dspark.drafters.neural import build_drafter
+from dspark.protocols import DraftContext
+from dspark.types import SamplingParams
+
+KINDS = {
+    "dspark-gated": dict(kind="dspark", num_layers=2, gamma=4, rank=16, head="gated-markov"),
+    "dspark-vanilla": dict(kind="dspark", num_layers=2, gamma=4, rank=16, head="vanilla-markov"),
+    "dspark-rnn": dict(kind="dspark", num_layers=2, gamma=4, rank=16, head="rnn"),
+    "dflash": dict(kind="dflash", num_layers=2, gamma=4),
+    "eagle3": dict(kind="eagle3", gamma=4),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: thread spin costs more than it saves on 2 busy cores
+    yield
+    torch.set_num_threads(n)
+
+
+class FakeTarget:
+    """Just enough of a target for binding: an HF model and its sizes."""
+
+    def __init__(self, arch: str = "llama", vocab: int = 64):
+        torch.manual_seed(0)
+        cls = LlamaConfig if arch == "llama" else Qwen3Config
+        self.config = cls(vocab_size=vocab, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
+        self.model = AutoModelForCausalLM.from_config(self.config).eval()
+        self.name, self.vocab_size, self.hidden_size, self.num_layers = arch, vocab, 32, 4
+
+    def features(self, ids: torch.Tensor, layer_ids, start: int, stop: int) -> torch.Tensor:
+        with torch.no_grad():
+            hs = self.model(ids[None], output_hidden_states=True).hidden_states
+        return torch.cat([hs[i + 1][0, start:stop] for i in layer_ids], dim=-1)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def target(request):
+    return FakeTarget(request.param)
+
+
+def make(target, name, seed=0):
+    torch.manual_seed(seed)
+    cfg = dict(KINDS[name])
+    kind = cfg.pop("kind")
+    drafter = dspark.get_drafter(kind, target=target, **cfg)
+    for p in drafter.parameters():  # zero-initialised W_up would hide the head: randomise
+        torch.nn.init.normal_(p, std=0.1) if p.ndim > 1 else None
+    return drafter
+
+
+def ctx(target, drafter, prompts, seen, sampling=None, gens=None):
+    feats = [target.features(p, drafter.target_layer_ids, s, p.numel() - 1) for p, s in zip(prompts, seen)]
+    rids = [f"r{i}" for i in range(len(prompts))]
+    sampling = sampling or [SamplingParams()] * len(prompts)
+    return DraftContext(rids, prompts, sampling, gens, features={"hidden": feats})
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_draft_shapes_and_confidence(target, name):
+    d = make(target, name)
+    prompts = [torch.randint(0, 64, (n,)) for n in (9, 3, 1)]
+    blk = d.draft(ctx(target, d, prompts, [0, 0, 0]))
+    assert blk.tokens.shape == (3, 4) and blk.q.shape == (3, 4, 64)
+    torch.testing.assert_close(blk.q.sum(-1), torch.ones(3, 4))
+    # greedy drafts are the argmax of the (corrected) logits they were drawn from
+    assert torch.equal(blk.tokens, blk.draft_logits.argmax(-1))
+    assert (blk.confidence_logits is not None) == name.startswith("dspark")
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_incremental_context_equals_fresh_drafter(target, name):
+    """Two rounds with cached context K/V give what a fresh drafter computes from scratch."""
+    d = make(target, name)
+    p0 = torch.randint(0, 64, (7,))
+    blk = d.draft(ctx(target, d, [p0], [0]))
+    p1 = torch.cat([p0, blk.tokens[0, :2], torch.tensor([5])])  # 2 accepted + a recovered token
+    second = d.draft(ctx(target, d, [p1], [p0.numel() - 1]))
+    fresh = make(target, name)
+    again = fresh.draft(ctx(target, fresh, [p1], [0]))
+    torch.testing.assert_close(second.draft_logits, again.draft_logits, atol=1e-5, rtol=1e-5)
+    assert torch.equal(second.tokens, again.tokens)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_batch_invariance(target, name):
+    """Padding requests of different lengths together changes nothing per request."""
+    prompts = [torch.randint(0, 64, (n,)) for n in (12, 2, 5)]
+    d = make(target, name)
+    together = d.draft(ctx(target, d, prompts, [0, 0, 0]))
+    for i, p in enumerate(prompts):
+        alone = make(target, name)
+        one = alone.draft(ctx(target, alone, [p], [0]))
+        torch.testing.assert_close(together.draft_logits[i], one.draft_logits[0], atol=1e-5, rtol=1e-5)
+
+
+def test_sampled_drafts_use_the_request_generator(target):
+    d = make(target, "dspark-gated")
+    prompts = [torch.randint(0, 64, (6,))]
+    s = [SamplingParams(temperature=1.0)]
+    a = d.draft(ctx(target, d, prompts, [0], s, [torch.Generator().manual_seed(3)]))
+    d.release("r0")
+    b = d.draft(ctx(target, d, prompts, [0], s, [torch.Generator().manual_seed(3)]))
+    assert torch.equal(a.tokens, b.tokens)
+
+
+def test_missing_or_wrong_features_are_clear_errors(target):
+    d = make(target, "dflash")
+    p = torch.randint(0, 64, (5,))
+    with pytest.raises(ValueError, match="features\\['hidden'\\]"):
+        d.draft(DraftContext(["r"], [p], [SamplingParams()]))
+    with pytest.raises(ValueError, match="features must be"):
+        d.draft(DraftContext(["r"], [p], [SamplingParams()], features={"hidden": [torch.zeros(4, 7)]}))
+    with pytest.raises(ValueError, match="pass the target features of every committed token"):
+        d.draft(DraftContext(["r"], [p], [SamplingParams()], features={"hidden": [torch.zeros(2, 32 * len(d.target_layer_ids))]}))
+
+
+def test_config_validation_and_defaults():
+    assert default_layer_ids(36) == (1, 9, 17, 25, 33)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64)
+    with pytest.raises(ValueError, match="layer ids \\[7\\] outside"):
+        DrafterConfig.for_target(cfg, "dflash", layer_ids=(1, 7))
+    with pytest.raises(ValueError, match="no sequential head"):
+        DrafterConfig.for_target(cfg, "dflash", head="rnn")
+    with pytest.raises(ValueError, match="exactly 3"):
+        DrafterConfig.for_target(cfg, "eagle3", layer_ids=(0, 1))
+    c = DrafterConfig.for_target(cfg, "dspark", rank=8)
+    assert DrafterConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_save_and_load_round_trip(target, name, tmp_path):
+    d = make(target, name)
+    save_pretrained(d, tmp_path / "ckpt")
+    loaded = dspark.get_drafter(d.config.kind, target=target, checkpoint=tmp_path / "ckpt")
+    prompts = [torch.randint(0, 64, (6,))]
+    torch.testing.assert_close(d.draft(ctx(target, d, prompts, [0])).draft_logits,
+                               loaded.draft(ctx(target, loaded, prompts, [0])).draft_logits)
+
+
+def test_checkpoint_errors(tmp_path):
+    t = FakeTarget("llama")
+    d = make(t, "dspark-gated")
+    save_pretrained(d, tmp_path / "ok")
+    other = FakeTarget("llama", vocab=80)
+    with pytest.raises(ValueError, match="vocab size 64 ≠ target's 80"):
+        from_pretrained(tmp_path / "ok", other)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        from_pretrained(tmp_path / "nowhere", t)
+    (tmp_path / "ok" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        from_pretrained(tmp_path / "ok", t)
+    (tmp_path / "ok" / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        from_pretrained(tmp_path / "ok", t)
+    with pytest.raises(ValueError, match="holds a dspark drafter, not dflash"):
+        save_pretrained(d, tmp_path / "ok2")
+        dspark.get_drafter("dflash", target=t, checkpoint=tmp_path / "ok2")
+
+
+def test_public_dflash_layout_loads(tmp_path):
+    """A synthetic state dict in the public DFlash key layout loads and drafts identically."""
+    t = FakeTarget("qwen3")
+    d = make(t, "dflash")
+    mask_id = 7
+    with torch.no_grad():
+        d.mask_embedding.copy_(t.model.get_input_embeddings().weight[mask_id])
+    inverse = [
+        (r"^fuse\.", "fc."), (r"^fuse_norm\.", "hidden_norm."),
+        (r"^layers\.(\d+)\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.", r"layers.\1.self_attn.\2."),
+        (r"^layers\.(\d+)\.(gate_proj|up_proj|down_proj)\.", r"layers.\1.mlp.\2."),
+        (r"^layers\.(\d+)\.input_norm\.", r"layers.\1.input_layernorm."),
+        (r"^layers\.(\d+)\.post_norm\.", r"layers.\1.post_attention_layernorm."),
+    ]
+    state = {}
+    for k, v in d.state_dict().items():
+        if k == "mask_embedding":
+            continue
+        for pat, rep in inverse:
+            k = re.sub(pat, rep, k)
+        state[k] = v.clone()
+    assert "fc.weight" in state and "layers.0.self_attn.q_proj.weight" in state
+    cfg = t.config.to_dict()
+    cfg.update(num_hidden_layers=2, block_size=4, num_target_layers=4,
+               dflash_config={"target_layer_ids": list(d.target_layer_ids), "mask_token_id": mask_id})
+    (tmp_path / "config.json").write_text(json.dumps(cfg, default=str))
+    loaded = load_dflash_checkpoint(tmp_path, t, state=state)
+    prompts = [torch.randint(0, 64, (6,))]
+    torch.testing.assert_close(d.draft(ctx(t, d, prompts, [0])).draft_logits,
+                               loaded.draft(ctx(t, loaded, prompts, [0])).draft_logits)
+
+
+def test_build_drafter_needs_a_bound_target():
+    cfg = DrafterConfig.for_target(FakeTarget().config, "dflash", num_layers=1)
+    d = build_drafter(cfg)
+    with pytest.raises(RuntimeError, match="bind_target"):
+        d.draft(DraftContext(["r"], [torch.tensor([1, 2])], [SamplingParams()], features={"hidden": [torch.zeros(1, 32 * len(cfg.target_layer_ids))]}))
