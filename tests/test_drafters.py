@@ -137,7 +137,7 @@ def test_missing_or_wrong_features_are_clear_errors(target):
 
 
 def test_config_validation_and_defaults():
-    assert default_layer_ids(36) == (1, 9, 17, 25, 33)
+    assert default_layer_ids(36) == [1, 9, 17, 25, 33]
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=64)
     with pytest.raises(ValueError, match="layer ids \\[7\\] outside"):

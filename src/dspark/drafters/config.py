@@ -15,21 +15,33 @@ KINDS = ("dspark", "dflash", "eagle3")
 HEADS = ("vanilla-markov", "gated-markov", "rnn")
 
 
-def default_layer_ids(num_layers: int, m: int = 5) -> tuple[int, ...]:
-    """m target layer ids (0-based decoder layers, never the last) spread from 1 to L−3.
+def default_layer_ids(num_layers: int, m: int = 5) -> list[int]:
+    """m evenly spread decoder-layer ids (0-based), excluding the last layer (DESIGN.md §4).
 
-    ``round(1 + i·(L−4)/(m−1))`` as in the public DFlash/DeepSpec code: Qwen3-4B (L = 36) gives
-    (1, 9, 17, 25, 33); one layer gives L // 2. Layer id k is the output of decoder layer k,
-    i.e. HF ``hidden_states[k + 1]``.
+    The reference (DFlash/DeepSpec ``build_target_layer_ids``) spreads m ids over [1, L − 3]::
+
+        ids_i = round(1 + i · (L − 4) / (m − 1)),  i = 0..m−1      (m = 1: [L // 2])
+
+    with Python's ``round`` (half to even), so Qwen3-4B (L = 36) gives [1, 9, 17, 25, 33].
+    When [1, L − 3] is too short for m distinct ids (L − 4 < m − 1) the ids are spread the same
+    way over [0, L − 2] instead; asking for more than L − 1 ids (all but the last layer) raises.
     """
-    if num_layers < 2:
-        raise ValueError(f"a target needs at least 2 layers to feed a drafter, got {num_layers}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m must be an integer >= 1, got {m!r}")
     if m == 1:
-        return (num_layers // 2,)
-    if num_layers < 5:
-        return tuple(range(num_layers - 1))[:m]
-    span = num_layers - 4
-    return tuple(sorted({int(round(1 + i * span / (m - 1))) for i in range(m)}))
+        return [num_layers // 2]
+    start, end = 1, num_layers - 3
+    if end - start < m - 1:
+        start, end = 0, num_layers - 2
+        if end - start < m - 1:
+            raise ValueError(
+                f"cannot pick {m} distinct layer ids excluding the last from {num_layers} layers "
+                f"(at most {max(num_layers - 1, 0)})"
+            )
+    span = end - start
+    return [int(round(start + i * span / (m - 1))) for i in range(m)]
 
 
 @frozen
@@ -114,7 +126,7 @@ class DrafterConfig:
         )
         L = c.num_hidden_layers
         if layer_ids is None:
-            layer_ids = (1, L // 2, L - 2) if kind == "eagle3" else default_layer_ids(L)
+            layer_ids = (1, L // 2, L - 2) if kind == "eagle3" else default_layer_ids(L, min(5, L - 1))
         defaults: dict[str, Any] = {
             "dspark": {"num_layers": 5, "head": "gated-markov", "confidence": True},
             "dflash": {"num_layers": 5},

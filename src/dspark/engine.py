@@ -1,0 +1,321 @@
+"""The batched speculative engine with continuous batching.
+
+Every ``step()`` runs one round for all active requests (DESIGN.md §1, §3):
+
+    draft → confidence → calibrate → schedule (cost model) → verify (one batched target forward)
+    → commit / roll back target and draft caches → per-request metrics.
+
+Requests join (``add_request``) and leave (finish, ``abort``) between steps. The engine knows
+nothing about tokenizers beyond the optional prompt/chat encoding helpers at the edge; all parts
+are protocols resolved by name through the plugin registry.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from attrs import define, field, frozen
+
+from dspark.plugins import resolve
+from dspark.protocols import DraftContext
+from dspark.sampling import probs_for_requests, sample
+from dspark.types import SamplingParams
+from dspark.verify import verify, verify_greedy
+
+__all__ = ["Engine", "RequestMetrics", "StepOutput", "Completion"]
+
+
+@define
+class RequestMetrics:
+    rounds: int = 0
+    proposed: list[int] = field(factory=list)  # valid draft length per round
+    verified: list[int] = field(factory=list)  # ℓ per round
+    accepted: list[int] = field(factory=list)  # accepted drafts per round
+
+    @property
+    def tau(self) -> float:
+        """Mean committed tokens per round."""
+        return (sum(self.accepted) + self.rounds) / max(self.rounds, 1)
+
+    def accepted_per_position(self, gamma: int) -> list[int]:
+        """How many rounds accepted position j (1-based), j = 1..γ."""
+        return [sum(a >= j for a in self.accepted) for j in range(1, gamma + 1)]
+
+    def to_dict(self) -> dict[str, Any]:
+        n = max(self.rounds, 1)
+        return {"rounds": self.rounds, "tau": self.tau, "mean_proposed": sum(self.proposed) / n,
+                "mean_verified": sum(self.verified) / n, "accepted": sum(self.accepted)}
+
+
+@define
+class _Request:
+    rid: str
+    tokens: torch.Tensor  # [n] committed ids (prompt + output)
+    prompt_len: int
+    sampling: SamplingParams
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    generator: torch.Generator
+    features: torch.Tensor | None = None  # [n_new, m·d] target features not yet given to the drafter
+    finished: str | None = None  # "length" | "stop" | "abort"
+    metrics: RequestMetrics = field(factory=RequestMetrics)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len :].tolist()
+
+
+@frozen
+class StepOutput:
+    request_id: str
+    new_tokens: list[int]
+    finished: str | None
+
+
+@frozen
+class Completion:
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str | None
+    finish_reason: str
+    metrics: dict[str, Any]
+
+
+class Engine:
+    """Speculative decoding over a target with a drafter, scheduler, cost model and calibrator.
+
+    ``drafter=None`` is plain decoding through the same batched target (the baseline).
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        drafter: Any = None,
+        *,
+        scheduler: Any = "sps-greedy",
+        cost_model: Any = "sps-table",
+        calibrator: Any = "identity",
+        confidence_model: Any = "draft-head",
+        seed: int = 0,
+    ) -> None:
+        self.target = target
+        self.drafter = resolve("drafters", drafter) if drafter is not None else None
+        self.scheduler = resolve("schedulers", scheduler)
+        self.cost_model = resolve("cost_models", cost_model) if cost_model is not None else None
+        self.calibrator = resolve("calibrators", calibrator)
+        self.confidence_model = resolve("confidence_models", confidence_model)
+        if not getattr(self.scheduler, "lossless", False):
+            raise ValueError(
+                f"scheduler {self.scheduler.name!r} is not lossless; the engine only runs schedules "
+                "that preserve the target's distribution"
+            )
+        if self.drafter is not None:
+            if self.drafter.vocab_size != target.vocab_size:
+                raise ValueError(
+                    f"drafter vocab size {self.drafter.vocab_size} ≠ target vocab size {target.vocab_size}"
+                )
+            layer_ids = getattr(self.drafter, "target_layer_ids", ())
+            if layer_ids:
+                target.set_capture_layers(layer_ids)
+        self.seed = seed
+        self._requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+
+    # -- requests -------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[dict] | Sequence[int] | torch.Tensor, chat: bool = True) -> torch.Tensor:
+        """Token ids for a prompt: ids pass through; text and chat messages use the tokenizer
+        (text is wrapped as one user turn of the chat template when ``chat`` and one exists)."""
+        if isinstance(prompt, torch.Tensor):
+            return prompt.long().reshape(-1)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return torch.tensor(list(prompt), dtype=torch.long)
+        tok = getattr(self.target, "tokenizer", None)
+        if tok is None:
+            raise ValueError("text prompts need a target with a tokenizer; pass token ids instead")
+        if isinstance(prompt, str) and not (chat and getattr(tok, "chat_template", None)):
+            return torch.tensor(tok(prompt)["input_ids"], dtype=torch.long)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+        return torch.tensor(enc["input_ids"], dtype=torch.long)
+
+    def add_request(
+        self,
+        prompt: Any,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = 128,
+        stop: Sequence[int] | None = None,
+        request_id: str | None = None,
+        chat: bool = True,
+    ) -> str:
+        """Queue a request; it joins the batch at the next ``step()``."""
+        sampling = sampling or SamplingParams.greedy()
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError("sampling must be a dspark.SamplingParams")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        rid = request_id or f"req-{next(self._ids)}"
+        if rid in self._requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        ids = self.encode(prompt, chat=chat)
+        if ids.numel() == 0:
+            raise ValueError(f"request {rid!r}: the prompt is empty")
+        if ids.numel() >= self.target.max_context:
+            raise ValueError(
+                f"request {rid!r}: the prompt has {ids.numel()} tokens; the target's context window "
+                f"is {self.target.max_context} (room is needed for at least one new token)"
+            )
+        stops = set(stop or ())
+        eos = getattr(getattr(self.target, "tokenizer", None), "eos_token_id", None)
+        if eos is not None:
+            stops.add(int(eos))
+        out = self.target.prefill([rid], [ids])
+        req = _Request(rid, ids, ids.numel(), sampling, max_new_tokens, frozenset(stops),
+                       torch.Generator().manual_seed(self.seed + hash(rid) % 2**31))
+        req.features = self._features(out, 0, int(out.lengths[0]))
+        self._requests[rid] = req
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        req = self._requests.pop(request_id, None)
+        if req is not None:
+            self._release(request_id)
+
+    def _release(self, rid: str) -> None:
+        self.target.release(rid)
+        if self.drafter is not None:
+            self.drafter.release(rid)
+
+    @property
+    def active(self) -> list[str]:
+        return list(self._requests)
+
+    def _features(self, out: Any, row: int, n: int) -> torch.Tensor | None:
+        """Concatenated captured hidden states [n, m·d] of one output row, or None."""
+        hs = out.hidden_states
+        if not hs:
+            return None
+        ids = getattr(self.drafter, "target_layer_ids", ())
+        return torch.cat([hs[i][row, :n] for i in ids], dim=-1) if ids else None
+
+    # -- one round ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        reqs = [r for r in self._requests.values() if r.finished is None]
+        if not reqs:
+            return []
+        rids = [r.rid for r in reqs]
+        R = len(reqs)
+        gens = [r.generator for r in reqs]
+        # Room for drafts: the round commits accepted + 1 tokens, within max_new_tokens and the
+        # target's context (the anchor and ℓ drafts enter the cache).
+        room = torch.tensor([
+            min(r.max_new_tokens - (r.tokens.numel() - r.prompt_len) - 1,
+                self.target.max_context - r.tokens.numel() - 1)
+            for r in reqs
+        ]).clamp_min(0)  # [R]
+        anchors = torch.stack([r.tokens[-1] for r in reqs])  # [R]
+        if self.drafter is None:
+            lengths = torch.zeros(R, dtype=torch.long)
+            tokens = anchors[:, None]  # [R, 1]
+            gamma = 0
+        else:
+            feats = [r.features if r.features is not None else torch.empty(0, 0) for r in reqs]
+            ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
+                               max_lengths=room, features={"hidden": feats})
+            block = self.drafter.draft(ctx)
+            for r in reqs:
+                r.features = None
+            c = self.calibrator.calibrate(self.confidence_model.confidence_logits(block))  # [R, γ]
+            plan = self.scheduler.schedule(c, block.valid_lengths, self.cost_model)
+            lengths = plan.lengths  # [R]
+            gamma = block.gamma
+            tokens = torch.cat([anchors[:, None], block.tokens], dim=1)  # [R, 1+γ]
+        before = [self.target.cached_length(rid) for rid in rids]
+        out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
+        logits = out.logits[:, : gamma + 1]
+        if gamma == 0:
+            p = probs_for_requests(logits[:, 0], [r.sampling for r in reqs])  # [R, V]
+            nxt = sample(p, gens)  # [R]
+            accepted = torch.zeros(R, dtype=torch.long)
+            committed = nxt[:, None]
+        elif all(r.sampling.is_greedy for r in reqs):
+            res = verify_greedy(block.tokens, logits.argmax(-1), lengths)
+            accepted, committed = res.accepted, res.committed
+        else:
+            p = probs_for_requests(logits, [r.sampling for r in reqs])  # [R, 1+γ, V]
+            res = verify(block.tokens, block.q, p, lengths, gens)
+            accepted, committed = res.accepted, res.committed
+        keep = torch.tensor(before) + 1 + accepted  # anchor + accepted drafts stay cached
+        self.target.rollback(rids, keep)
+        outputs = []
+        for i, r in enumerate(reqs):
+            n_acc = int(accepted[i])
+            new = committed[i, : n_acc + 1].tolist()
+            r.features = self._features(out, i, n_acc + 1)
+            m = r.metrics
+            m.rounds += 1
+            m.verified.append(int(lengths[i]))
+            m.accepted.append(n_acc)
+            m.proposed.append(int(block.valid_lengths[i]) if gamma else 0)
+            new = self._truncate(r, new)
+            r.tokens = torch.cat([r.tokens, torch.tensor(new, dtype=torch.long)])
+            outputs.append(StepOutput(r.rid, new, r.finished))
+        for o in outputs:
+            if o.finished:
+                self._release(o.request_id)
+        return outputs
+
+    def _truncate(self, r: _Request, new: list[int]) -> list[int]:
+        """Cut at the first stop token (kept) and at max_new_tokens; mark the request finished."""
+        for k, t in enumerate(new):
+            if t in r.stop_ids:
+                r.finished = "stop"
+                return new[: k + 1]
+        room = r.max_new_tokens - (r.tokens.numel() - r.prompt_len)
+        if len(new) >= room:
+            r.finished = "length"
+            return new[:room]
+        if r.tokens.numel() + len(new) >= self.target.max_context:
+            r.finished = "length"
+        return new
+
+    # -- conveniences ---------------------------------------------------------------------
+    def stream(self) -> Iterator[StepOutput]:
+        """Run rounds until every request has finished, yielding committed tokens as they come."""
+        while any(r.finished is None for r in self._requests.values()):
+            yield from self.step()
+
+    def pop_finished(self) -> list[Completion]:
+        done = [r for r in self._requests.values() if r.finished is not None]
+        tok = getattr(self.target, "tokenizer", None)
+        for r in done:
+            del self._requests[r.rid]
+        return [
+            Completion(r.rid, r.tokens[: r.prompt_len].tolist(), r.output,
+                       tok.decode(r.output, skip_special_tokens=True) if tok is not None else None,
+                       r.finished, r.metrics.to_dict())
+            for r in done
+        ]
+
+    def generate(
+        self,
+        prompts: Sequence[Any],
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = 128,
+        stop: Sequence[int] | None = None,
+        progress: bool = True,
+    ) -> list[Completion]:
+        """Run prompts to completion (all joined at once) and return them in order."""
+        from tqdm import tqdm
+
+        rids = [self.add_request(p, sampling, max_new_tokens, stop) for p in prompts]
+        total = len(rids) * max_new_tokens
+        with tqdm(total=total, desc="generating", unit="tok", disable=not progress, leave=False) as bar:
+            for o in self.stream():
+                bar.update(len(o.new_tokens))
+        done = {c.request_id: c for c in self.pop_finished()}
+        return [done[rid] for rid in rids]
