@@ -126,7 +126,7 @@ class DrafterConfig:
         )
         L = c.num_hidden_layers
         if layer_ids is None:
-            layer_ids = (1, L // 2, L - 2) if kind == "eagle3" else default_layer_ids(L, min(5, L - 1))
+            layer_ids = default_layer_ids(L, 3 if kind == "eagle3" else min(5, L - 1))  # eagle3: low/mid/high
         defaults: dict[str, Any] = {
             "dspark": {"num_layers": 5, "head": "gated-markov", "confidence": True},
             "dflash": {"num_layers": 5},
