@@ -13,6 +13,8 @@ are protocols resolved by name through the plugin registry.
 from __future__ import annotations
 
 import itertools
+import time
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -124,6 +126,10 @@ class Engine:
         self.seed = seed
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
+        # Seconds per part, summed over rounds: draft (drafter.draft, of which sequential_head),
+        # target (the verification forward), and round (the whole step).
+        self.timings: dict[str, float] = {"draft": 0.0, "sequential_head": 0.0, "target": 0.0, "round": 0.0}
+        self.rounds = 0
 
     # -- requests -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[dict] | Sequence[int] | torch.Tensor, chat: bool = True) -> torch.Tensor:
@@ -174,7 +180,7 @@ class Engine:
             stops.add(int(eos))
         out = self.target.prefill([rid], [ids])
         req = _Request(rid, ids, ids.numel(), sampling, max_new_tokens, frozenset(stops),
-                       torch.Generator().manual_seed(self.seed + hash(rid) % 2**31))
+                       torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(rid.encode())))
         req.features = self._features(out, 0, int(out.lengths[0]))
         self._requests[rid] = req
         return rid
@@ -207,6 +213,7 @@ class Engine:
         reqs = [r for r in self._requests.values() if r.finished is None]
         if not reqs:
             return []
+        t_round = time.perf_counter()
         rids = [r.rid for r in reqs]
         R = len(reqs)
         gens = [r.generator for r in reqs]
@@ -226,7 +233,10 @@ class Engine:
             feats = [r.features if r.features is not None else torch.empty(0, 0) for r in reqs]
             ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
                                max_lengths=room, features={"hidden": feats})
+            t0 = time.perf_counter()
             block = self.drafter.draft(ctx)
+            self.timings["draft"] += time.perf_counter() - t0
+            self.timings["sequential_head"] += getattr(self.drafter, "timings", {}).get("sequential_head", 0.0)
             for r in reqs:
                 r.features = None
             c = self.calibrator.calibrate(self.confidence_model.confidence_logits(block))  # [R, γ]
@@ -235,7 +245,9 @@ class Engine:
             gamma = block.gamma
             tokens = torch.cat([anchors[:, None], block.tokens], dim=1)  # [R, 1+γ]
         before = [self.target.cached_length(rid) for rid in rids]
+        t0 = time.perf_counter()
         out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
+        self.timings["target"] += time.perf_counter() - t0
         logits = out.logits[:, : gamma + 1]
         if gamma == 0:
             p = probs_for_requests(logits[:, 0], [r.sampling for r in reqs])  # [R, V]
@@ -267,6 +279,8 @@ class Engine:
         for o in outputs:
             if o.finished:
                 self._release(o.request_id)
+        self.timings["round"] += time.perf_counter() - t_round
+        self.rounds += 1
         return outputs
 
     def _truncate(self, r: _Request, new: list[int]) -> list[int]:

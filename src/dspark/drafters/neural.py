@@ -21,6 +21,7 @@ The target's token embedding and LM head are shared and frozen: they are bound f
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -78,6 +79,7 @@ class _NeuralDrafter(nn.Module):
         self._embed: torch.Tensor | None = None  # [V, d] frozen, from the target
         self._lm_head: torch.Tensor | None = None  # [V, d] frozen, from the target
         self._caches: dict[str, _ContextCache] = {}
+        self.timings: dict[str, float] = {}  # seconds spent per part in the last draft() call
 
     # -- target binding -------------------------------------------------------------------
     def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> _NeuralDrafter:
@@ -207,20 +209,25 @@ class BlockDrafter(_NeuralDrafter):
             caches.append(cache)
         anchors = torch.stack([ids[-1] for ids in context.token_ids])  # [R]
         anchor_pos = torch.tensor([ids.numel() - 1 for ids in context.token_ids])  # [R]
+        t0 = time.perf_counter()
         h, U = self.backbone(anchors, anchor_pos, caches)  # [R, γ, d], [R, γ, V]
+        t_head = 0.0
         tokens, qs, logits, conf = [], [], [], []
         prev, state = anchors, None
         for j in range(self.gamma):
             U_j = U[:, j].float()
             if self.head is not None:
+                t1 = time.perf_counter()
                 U_j, state = self.head.step(prev, h[:, j], U_j, state)  # Ũ_j [R, V]
                 if self.confidence_head is not None:
                     conf.append(self.confidence_head(h[:, j], self.head.prev_embedding(prev)))  # [R]
+                t_head += time.perf_counter() - t1
             q_j, x_j = self._sample_block(U_j, context)
             tokens.append(x_j)
             qs.append(q_j)
             logits.append(U_j)
             prev = x_j
+        self.timings = {"draft": time.perf_counter() - t0, "sequential_head": t_head}
         return DraftBlock(
             tokens=torch.stack(tokens, 1),  # [R, γ]
             q=torch.stack(qs, 1),  # [R, γ, V]
