@@ -79,6 +79,79 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# dspark generate
+# --------------------------------------------------------------------------------------------
+
+
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    p.description = "Generate with speculative decoding and print the text and per-request stats."
+    p.add_argument("prompts", nargs="+", help="one or more prompts (each a chat user turn)")
+    p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--drafter", default="ngram", help="drafter name (ngram, dspark, dflash, eagle3, plugins) or 'none'")
+    p.add_argument("--checkpoint", help="drafter checkpoint folder (neural drafters)")
+    p.add_argument("--gamma", type=int, default=7)
+    p.add_argument("--scheduler", default="sps-greedy")
+    p.add_argument("--cost-model", default="sps-table")
+    p.add_argument("--profile", help="SPS profile JSON for sps-table (default: the shipped CPU profile)")
+    p.add_argument("--calibrator", default="identity", help="calibrator name or a fitted calibrator JSON")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object per request")
+
+
+@command("generate", _generate_args)
+def _generate(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    import torch
+
+    import dspark
+    from dspark.engine import Engine
+    from dspark.targets import load_target
+
+    params = dspark.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    target = load_target(args.model, dtype)
+    if args.drafter == "none":
+        drafter = None
+    elif args.drafter == "ngram":
+        drafter = dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=args.gamma)
+    elif args.checkpoint:
+        drafter = dspark.get_drafter(args.drafter, target=target, checkpoint=args.checkpoint)
+    else:
+        drafter = dspark.get_drafter(args.drafter, target=target, gamma=args.gamma)
+        print(f"note: {args.drafter} drafter without --checkpoint is untrained (random weights)", file=sys.stderr)
+    if os.path.isfile(args.calibrator):
+        from dspark.calibration import load_calibrator
+
+        calibrator = load_calibrator(args.calibrator)
+    else:
+        calibrator = args.calibrator
+    cost = dspark.get_cost_model(args.cost_model, **({"profile": args.profile} if args.profile else {}))
+    engine = Engine(target, drafter, scheduler=args.scheduler, cost_model=cost, calibrator=calibrator,
+                    seed=args.seed)
+    t0 = time.perf_counter()
+    done = engine.generate(args.prompts, params, max_new_tokens=args.max_new_tokens)
+    seconds = time.perf_counter() - t0
+    for c in done:
+        stats = {**c.metrics, "new_tokens": len(c.output_ids), "finish_reason": c.finish_reason}
+        if args.json:
+            print(json.dumps({"request_id": c.request_id, "text": c.text, **stats}))
+        else:
+            print(f"--- {c.request_id} ---\n{c.text}")
+            print(f"[{stats['new_tokens']} tokens, {stats['rounds']} rounds, τ = {stats['tau']:.2f}, "
+                  f"mean ℓ = {stats['mean_verified']:.2f}, finish: {stats['finish_reason']}]")
+    total = sum(len(c.output_ids) for c in done)
+    print(f"{total} tokens in {seconds:.1f} s ({total / seconds:.1f} tok/s)", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
