@@ -110,17 +110,25 @@ def test_drafts_are_accepted_somewhere():
         assert sum(c.metrics["accepted"] for c in out) > 0, dname
 
 
-def _exact_two_token(model, prompt, T):
+def _exact_two_token(model, prompt, params):
+    """Exact P(x1, x2) under plain target sampling with the same temperature / top-k / top-p."""
+    from dspark.sampling import probs_for_requests
+
     with torch.no_grad():
-        p1 = torch.softmax(model(prompt[None]).logits[0, -1] / T, -1)  # [V]
+        p1 = probs_for_requests(model(prompt[None]).logits[:, -1], [params])[0]  # [V]
         seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
-        p2 = torch.softmax(model(seqs).logits[:, -1] / T, -1)  # [V, V]
+        p2 = probs_for_requests(model(seqs).logits[:, -1], [params] * V)  # [V, V]
     return (p1[:, None] * p2).reshape(-1).numpy()
 
 
-@pytest.mark.parametrize("dname,sched", [("dspark:gated-markov", "sps-greedy"), ("dflash", "full"),
-                                          ("eagle3", "threshold"), ("ngram", "fixed-1")])
-def test_sampling_matches_target_distribution(dname, sched):
+SAMPLING = {"T1": SamplingParams(temperature=1.0), "T0.7-topp0.9": SamplingParams(temperature=0.7, top_p=0.9),
+            "T1.3-topk8": SamplingParams(temperature=1.3, top_k=8)}
+
+
+@pytest.mark.parametrize("pname", sorted(SAMPLING))
+@pytest.mark.parametrize("sched", sorted(SCHEDULERS))
+@pytest.mark.parametrize("dname", DRAFTERS)
+def test_sampling_matches_target_distribution(dname, sched, pname):
     """Joint law of the first two sampled tokens = plain target sampling (χ², fixed seeds)."""
     model = tiny_model("llama")
     target = HFTarget(model)
@@ -128,11 +136,11 @@ def test_sampling_matches_target_distribution(dname, sched):
     engine = Engine(target, drafter_for(target, dname), scheduler=dspark.get_scheduler(name, **cfg),
                     cost_model=FLAT, seed=11)
     prompt = torch.tensor([3, 5, 7, 3, 5, 7])
-    N, T = 1500, 1.0
-    out = engine.generate([prompt] * N, SamplingParams(temperature=T), max_new_tokens=2, progress=False)
+    N, params = 1500, SAMPLING[pname]
+    out = engine.generate([prompt] * N, params, max_new_tokens=2, progress=False)
     codes = np.array([c.output_ids[0] * V + c.output_ids[1] for c in out])
     observed = np.bincount(codes, minlength=V * V).astype(float)
-    expected = _exact_two_token(model, prompt, T).astype(np.float64) * N
+    expected = _exact_two_token(model, prompt, params).astype(np.float64) * N
     big = expected >= 5
     obs = np.append(observed[big], observed[~big].sum())
     exp = np.append(expected[big], expected[~big].sum())

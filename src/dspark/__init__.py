@@ -15,6 +15,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+from dspark.engine import Completion, Engine  # noqa: E402
 from dspark.hookspecs import hookimpl  # noqa: E402
 from dspark.plugins import PluginError, list_plugins  # noqa: E402
 from dspark.plugins import create as _create  # noqa: E402
@@ -29,6 +30,7 @@ from dspark.protocols import (  # noqa: E402
     TargetModel,
     TargetOutput,
 )
+from dspark.targets import HFTarget, load_target  # noqa: E402
 from dspark.types import DraftBlock, SamplingParams, Schedule, VerifyResult  # noqa: E402
 from dspark.verify import verify, verify_greedy  # noqa: E402
 
@@ -83,4 +85,8 @@ __all__ = [
     "VerifyResult",
     "verify",
     "verify_greedy",
+    "Engine",
+    "Completion",
+    "HFTarget",
+    "load_target",
 ]
