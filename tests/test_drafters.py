@@ -41,13 +41,13 @@ def _one_thread():
 class FakeTarget:
     """Just enough of a target for binding: an HF model and its sizes."""
 
-    def __init__(self, arch: str = "llama", vocab: int = 64):
+    def __init__(self, arch: str = "llama", vocab: int = 64, hidden: int = 32):
         torch.manual_seed(0)
         cls = LlamaConfig if arch == "llama" else Qwen3Config
-        self.config = cls(vocab_size=vocab, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        self.config = cls(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=4, num_attention_heads=4,
                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
         self.model = AutoModelForCausalLM.from_config(self.config).eval()
-        self.name, self.vocab_size, self.hidden_size, self.num_layers = arch, vocab, 32, 4
+        self.name, self.vocab_size, self.hidden_size, self.num_layers = arch, vocab, hidden, 4
 
     def features(self, ids: torch.Tensor, layer_ids, start: int, stop: int) -> torch.Tensor:
         with torch.no_grad():
@@ -167,6 +167,8 @@ def test_checkpoint_errors(tmp_path):
     other = FakeTarget("llama", vocab=80)
     with pytest.raises(ValueError, match="vocab size 64 ≠ target's 80"):
         from_pretrained(tmp_path / "ok", other)
+    with pytest.raises(ValueError, match="hidden size 32 ≠ target's 48"):
+        from_pretrained(tmp_path / "ok", FakeTarget("llama", hidden=48))
     with pytest.raises(CheckpointError, match="does not exist"):
         from_pretrained(tmp_path / "nowhere", t)
     (tmp_path / "ok" / "model.safetensors").write_bytes(b"garbage")
