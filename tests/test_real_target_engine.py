@@ -91,9 +91,9 @@ def test_bf16_mismatches_are_near_ties():
     engine = Engine(target, dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=4),
                     scheduler="full", cost_model="sps-table")
     prompt = engine.encode(PROMPTS[1])
-    (c,) = engine.generate([prompt], max_new_tokens=24, progress=False)
+    (c,) = engine.generate([prompt], max_new_tokens=16, progress=False)
     ref = target.model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
-                                max_new_tokens=24, do_sample=False, eos_token_id=target.tokenizer.eos_token_id,
+                                max_new_tokens=16, do_sample=False, eos_token_id=target.tokenizer.eos_token_id,
                                 pad_token_id=target.tokenizer.eos_token_id)[0, prompt.numel():].tolist()
     got = c.output_ids
     k = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
