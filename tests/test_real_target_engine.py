@@ -104,3 +104,27 @@ def test_bf16_mismatches_are_near_ties():
         logits = target.model(torch.tensor([prompt.tolist() + ref[:k]])).logits[0, -1].float()
     gap = abs(float(logits[ref[k]] - logits[got[k]]))
     assert gap <= 0.25, f"bf16 divergence at token {k} is not a near-tie (logit gap {gap:.3f})"
+
+
+def test_generate_cli_prints_text_and_stats(capsys):
+    import json
+
+    from dspark.cli import main
+
+    rc = main(["generate", "What is 2+2?", "Name a colour.", "--max-new-tokens", "8", "--json",
+               "--drafter", "ngram", "--scheduler", "sps-greedy"])
+    assert rc == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["new_tokens"] <= 8 and row["tau"] >= 1.0 and isinstance(row["text"], str)
+
+
+def test_generate_cli_bad_input_is_one_line(capsys):
+    from dspark.cli import main
+
+    assert main(["generate", "hi", "--top-p", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "top_p must lie in (0, 1]" in err and "Traceback" not in err
+    assert main(["generate", "hi", "--drafter", "dsprak"]) == 2
+    assert "unknown drafter 'dsprak'" in capsys.readouterr().err
