@@ -30,13 +30,7 @@ KINDS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: thread spin costs more than it saves on 2 busy cores
-    yield
-    torch.set_num_threads(n)
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 class FakeTarget:
     """Just enough of a target for binding: an HF model and its sizes."""

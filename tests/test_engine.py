@@ -17,13 +17,7 @@ from dspark.types import SamplingParams
 V = 16  # a tiny vocabulary so random drafters are accepted often enough to exercise every path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def tiny_model(arch: str):
     torch.manual_seed(0)

@@ -38,15 +38,7 @@ def _tiny_model(arch: str, initializer_range: float = 0.02):
     return AutoModelForCausalLM.from_config(cfg).eval().float()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine OpenMP spin-waiting
-    makes them ~100x slower; restored afterwards for the other test modules."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module", params=ARCHS)
 def tiny(request):

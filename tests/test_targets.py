@@ -18,14 +18,7 @@ VOCAB = 96
 MAX_POS = 128
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny forwards are ~200× slower with thread spin on a busy 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _tiny(arch: str, attn: str = "sdpa"):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
@@ -50,12 +43,12 @@ MODELS = {
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
-def model(request, _one_thread):
+def model(request, one_thread):
     return _tiny(*MODELS[request.param])
 
 
 @pytest.fixture(scope="module")
-def llama(_one_thread):
+def llama(one_thread):
     return _tiny("llama")
 
 

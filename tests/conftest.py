@@ -1,0 +1,19 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tiny-model tests on one torch thread, then restore the setting.
+
+    Tiny forwards are dominated by per-op overhead; on a busy 2-core machine thread spin-waiting
+    made them ~200× slower.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
