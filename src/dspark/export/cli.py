@@ -1,0 +1,220 @@
+"""``python -m dspark.export``: a trained drafter checkpoint → ONNX graphs (+ TensorRT engines).
+
+    python -m dspark.export CHECKPOINT --onnx OUT_DIR [--target smollm2-135m] [--validate]
+    python -m dspark.export CHECKPOINT --trt OUT_DIR [--fp16 | --bf16] [--profile FILE]
+                            [--batch MIN,OPT,MAX] [--past MIN,OPT,MAX] [--new MIN,OPT,MAX] [--validate]
+
+Exit status: 0 done; 1 ``--validate`` found a mismatch; 2 bad input (one line on stderr, no
+traceback); 3 ``--trt`` on a machine without CUDA or tensorrt — the ONNX files are written and
+checked, the engines are not built, and one sentence says what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "build_parser"]
+
+PROG = "python -m dspark.export"
+
+
+class _Progress:
+    """Numbered steps with their durations: a live tqdm line on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, enabled: bool = True) -> None:
+        self.total, self.enabled, self.n = total, enabled, 0
+        self.label: str | None = None
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=sys.stderr, bar_format="{desc} |{bar:20}| {n_fmt}/{total_fmt} [{elapsed}]")
+
+    def __call__(self, label: str) -> None:
+        self._finish()
+        self.n += 1
+        self.label, self.t0 = label, time.perf_counter()
+        if self.bar is not None:
+            self.bar.set_description_str(label)
+        elif self.enabled:
+            print(f"[{self.n}/{self.total}] {label} …", file=sys.stderr, flush=True)
+
+    def _finish(self) -> None:
+        if self.label is None:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.enabled:
+            print(f"[{self.n}/{self.total}] {self.label}: {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
+        self.label = None
+
+    def close(self) -> None:
+        self._finish()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Export a trained dspark / dflash / eagle3 drafter to ONNX (the context, backbone "
+                    "and head graphs + manifest.json) and optionally build TensorRT engines from them.",
+    )
+    p.add_argument("checkpoint", help="drafter folder written by save_pretrained (config.json + model.safetensors)")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--onnx", metavar="OUT_DIR", help="write the ONNX graphs and manifest.json here")
+    out.add_argument("--trt", metavar="OUT_DIR", help="write the ONNX graphs here, then build TensorRT engines")
+    p.add_argument("--target", default="smollm2-135m",
+                   help="the target whose embedding / LM head the graphs bake in: 'smollm2-135m' "
+                        "(default), an HF model folder or a .gguf file (anything load_target accepts)")
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--fp16", action="store_true", help="TensorRT: allow fp16 kernels")
+    prec.add_argument("--bf16", action="store_true", help="TensorRT: allow bf16 kernels")
+    p.add_argument("--profile", metavar="FILE", help="TensorRT optimisation profile JSON (see export/profiles/)")
+    for axis, what in (("batch", "requests per round"), ("past", "context length before the anchor"),
+                       ("new", "context positions ingested per call")):
+        p.add_argument(f"--{axis}", metavar="MIN,OPT,MAX", help=f"TensorRT profile range for {what}")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset (>= 17; default 17)")
+    p.add_argument("--validate", action="store_true",
+                   help="run the exported drafter next to the PyTorch one and compare logits and drafts")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    return p
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _checkpoint_kind(ckpt: Path) -> dict[str, Any]:
+    from dspark.export.manifest import ExportError
+
+    if not ckpt.exists():
+        raise ExportError(f"checkpoint {ckpt} does not exist")
+    if not (ckpt / "config.json").is_file():
+        raise ExportError(f"{ckpt} is not a drafter checkpoint (no config.json; expected a folder written by save_pretrained)")
+    try:
+        meta = json.loads((ckpt / "config.json").read_text())
+        return dict(meta["config"])
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise ExportError(f"{ckpt / 'config.json'} is not a dspark drafter config ({_one_line(exc)})") from None
+
+
+def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bool, label: str) -> bool:
+    from dspark.export.validate import compare_drafters
+
+    report = compare_drafters(reference, exported)
+    atol = atol_rel * max(1.0, report.logit_scale)
+    ok = report.max_abs_logits <= atol and (report.greedy_tokens_equal or not require_tokens)
+    verdict = "ok" if ok else f"FAILED (tolerance {atol:.1e})"
+    print(f"validate {label}: {report.summary()} — {verdict}")
+    return ok
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from dspark.export.exporter import export_onnx, prepare_out_dir
+    from dspark.export.manifest import ExportError
+
+    out = Path(args.onnx or args.trt)
+    ckpt = Path(args.checkpoint)
+    cfg = _checkpoint_kind(ckpt)
+    profile = None
+    if args.trt:
+        from dspark.export.tensorrt_backend import load_profile
+
+        precision = "fp16" if args.fp16 else "bf16" if args.bf16 else None
+        profile = load_profile(args.profile, batch=args.batch, past=args.past, new=args.new, precision=precision)
+    elif args.fp16 or args.bf16 or args.profile or args.batch or args.past or args.new:
+        raise ExportError("--fp16/--bf16/--profile/--batch/--past/--new are TensorRT options: use them with --trt")
+    prepare_out_dir(out)
+    n_graphs = 2 + (cfg.get("kind") == "eagle3" or cfg.get("head") is not None)
+    total = 2 + n_graphs + bool(args.validate) + (n_graphs + bool(args.validate) if args.trt else 0)
+    progress = _Progress(total, enabled=not args.quiet)
+    try:
+        progress(f"loading target {args.target}")
+        from transformers.utils import logging as hf_logging
+
+        from dspark.drafters.checkpoint import from_pretrained
+        from dspark.targets import load_target
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # transformers' own loading bars would break ours
+        try:
+            target = load_target(args.target)
+        except (OSError, ImportError, ValueError) as exc:
+            raise ExportError(f"cannot load target {args.target!r}: {_one_line(exc)}") from None
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        progress(f"loading drafter {ckpt}")
+        drafter = from_pretrained(ckpt, target)
+        if drafter.dtype != torch.float32:
+            drafter = drafter.float()
+        manifest = export_onnx(drafter, out, opset=args.opset, target_spec=args.target, checkpoint=ckpt,
+                               progress=progress)
+        ok = True
+        if args.validate:
+            progress("validating with onnxruntime")
+            from dspark.export.ort import OrtDrafter
+
+            ok &= _validate(drafter, OrtDrafter.from_dir(out, threads=torch.get_num_threads()), 1e-4, True,
+                            "onnxruntime vs PyTorch (fp32)")
+        if args.trt:
+            from dspark.export.tensorrt_backend import (
+                TensorRTDrafter,
+                build_engines,
+                tensorrt_missing,
+            )
+
+            missing = tensorrt_missing()
+            if missing:
+                progress.close()
+                _summary(out, manifest)
+                print(f"{PROG}: TensorRT engines were not built because {missing}; the ONNX files in {out} "
+                      "are written and checked, so rerun with --trt on a CUDA machine with "
+                      "'pip install dspark[gpu]' to build them.", file=sys.stderr)
+                return 3
+            manifest = build_engines(out, profile, progress=progress)
+            if args.validate:
+                progress("validating with TensorRT")
+                tol = 1e-2 if profile.precision == "fp32" else 5e-2  # TF32 / half kernels
+                ok &= _validate(drafter, TensorRTDrafter.from_dir(out), tol, profile.precision == "fp32",
+                                f"TensorRT ({profile.precision}) vs PyTorch")
+    finally:
+        progress.close()
+    _summary(out, manifest)
+    return 0 if ok else 1
+
+
+def _summary(out: Path, manifest: dict[str, Any]) -> None:
+    rows = [(e["file"], e["bytes"]) for e in manifest["graphs"].values()]
+    rows += [(e["file"], e["bytes"]) for e in (manifest.get("engines") or {}).values()]
+    print(f"{manifest['kind']} drafter (γ={manifest['gamma']}, V={manifest['vocab_size']}) → {out}/")
+    for name, size in rows:
+        print(f"  {name:<16} {size / 2**20:9.1f} MiB")
+    print("  manifest.json")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from dspark.drafters.checkpoint import CheckpointError
+    from dspark.export.manifest import ExportError
+
+    try:
+        return _run(args)
+    except (ExportError, CheckpointError, ValueError, FileNotFoundError, NotADirectoryError,
+            PermissionError, ImportError) as exc:
+        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
