@@ -152,6 +152,23 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# dspark export (same as python -m dspark.export)
+# --------------------------------------------------------------------------------------------
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.description = "Export a drafter checkpoint to ONNX / TensorRT (see python -m dspark.export --help)."
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for python -m dspark.export")
+
+
+@command("export", _export_args)
+def _export(args: argparse.Namespace) -> int:
+    from dspark.export.cli import main as export_main
+
+    return export_main(args.args)
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
