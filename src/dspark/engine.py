@@ -249,7 +249,11 @@ class Engine:
         out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
         self.timings["target"] += time.perf_counter() - t0
         logits = out.logits[:, : gamma + 1]
-        if gamma == 0:
+        if gamma == 0 and all(r.sampling.is_greedy for r in reqs):
+            nxt = logits[:, 0].argmax(-1)  # [R] plain greedy decoding needs no distribution
+            accepted = torch.zeros(R, dtype=torch.long)
+            committed = nxt[:, None]
+        elif gamma == 0:
             p = probs_for_requests(logits[:, 0], [r.sampling for r in reqs])  # [R, V]
             nxt = sample(p, gens)  # [R]
             accepted = torch.zeros(R, dtype=torch.long)
