@@ -176,3 +176,13 @@ def test_bad_input_is_a_clear_error(model):
     other = dspark.get_drafter("ngram", vocab_size=V + 1)
     with pytest.raises(ValueError, match="vocab size"):
         Engine(target, other)
+
+
+def test_plain_decoding_engine_is_the_baseline(model):
+    """drafter=None: the same batched target, one token per round, identical to HF generate."""
+    target = HFTarget(model)
+    engine = Engine(target, None, scheduler="full", cost_model=None)
+    out = engine.generate([torch.tensor(p) for p in PROMPTS], max_new_tokens=12, progress=False)
+    for c, p in zip(out, PROMPTS):
+        assert c.output_ids == reference(model, torch.tensor(p), 12)
+        assert c.metrics["rounds"] == 12 and c.metrics["tau"] == 1.0
