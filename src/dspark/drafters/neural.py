@@ -33,7 +33,7 @@ from dspark.protocols.drafter import DraftContext
 from dspark.sampling import probs_for_requests, sample
 from dspark.types import DraftBlock
 
-__all__ = ["BlockDrafter", "Eagle3Drafter", "build_drafter"]
+__all__ = ["BlockDrafter", "Eagle3Drafter", "build_drafter", "target_features"]
 
 
 class _ContextCache:
@@ -64,6 +64,27 @@ def _pad_context(
             Vv[r, :, : c.length] = c.v[layer]
             mask[r, : c.length] = True
     return K, Vv, mask
+
+
+def target_features(
+    context: DraftContext, drafter: str, layer_ids: tuple[int, ...], hidden_size: int
+) -> list[torch.Tensor]:
+    """The new target features of each request, checked: R × [n_new, m·d]."""
+    feats = context.features.get("hidden")
+    R = len(context.request_ids)
+    if feats is None or len(feats) != R:
+        raise ValueError(
+            f"{drafter} drafter needs features['hidden']: one [n_new, m·d] tensor per request "
+            f"(target hidden states at layers {list(layer_ids)})"
+        )
+    want = len(layer_ids) * hidden_size
+    for rid, f in zip(context.request_ids, feats):
+        if f.ndim != 2 or f.shape[1] != want:
+            raise ValueError(
+                f"request {rid!r}: features must be [n_new, {want}] (m={len(layer_ids)} "
+                f"layers × hidden {hidden_size}), got {tuple(f.shape)}"
+            )
+    return feats
 
 
 class _NeuralDrafter(nn.Module):
@@ -112,21 +133,7 @@ class _NeuralDrafter(nn.Module):
         self._caches.pop(request_id, None)
 
     def _new_features(self, context: DraftContext) -> list[torch.Tensor]:
-        feats = context.features.get("hidden")
-        R = len(context.request_ids)
-        if feats is None or len(feats) != R:
-            raise ValueError(
-                f"{self.name} drafter needs features['hidden']: one [n_new, m·d] tensor per request "
-                f"(target hidden states at layers {list(self.target_layer_ids)})"
-            )
-        want = len(self.target_layer_ids) * self.config.layer.hidden_size
-        for rid, f in zip(context.request_ids, feats):
-            if f.ndim != 2 or f.shape[1] != want:
-                raise ValueError(
-                    f"request {rid!r}: features must be [n_new, {want}] (m={len(self.target_layer_ids)} "
-                    f"layers × hidden {self.config.layer.hidden_size}), got {tuple(f.shape)}"
-                )
-        return feats
+        return target_features(context, self.name, self.target_layer_ids, self.config.layer.hidden_size)
 
     def _check_anchor(self, rid: str, cache: _ContextCache, ids: torch.Tensor, lag: int) -> None:
         if cache.length != ids.numel() - lag:

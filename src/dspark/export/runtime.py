@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
+from dspark.drafters.neural import target_features
 from dspark.export.manifest import ExportError
 from dspark.protocols.drafter import DraftContext
 from dspark.sampling import probs_for_requests, sample
@@ -140,19 +141,7 @@ class ExportedDrafter:
 
     # -- shared helpers ---------------------------------------------------------------------
     def _new_features(self, context: DraftContext) -> list[torch.Tensor]:
-        feats = context.features.get("hidden")
-        R = len(context.request_ids)
-        if feats is None or len(feats) != R:
-            raise ValueError(
-                f"{self.name} drafter needs features['hidden']: one [n_new, m·d] tensor per request "
-                f"(target hidden states at layers {list(self.target_layer_ids)})"
-            )
-        for rid, f in zip(context.request_ids, feats):
-            if f.ndim != 2 or f.shape[1] != self.feature_size:
-                raise ValueError(
-                    f"request {rid!r}: features must be [n_new, {self.feature_size}] "
-                    f"(m={len(self.target_layer_ids)} layers × hidden {self.hidden_size}), got {tuple(f.shape)}"
-                )
+        feats = target_features(context, self.name, self.target_layer_ids, self.hidden_size)
         return [f.to(self.device, torch.float32) for f in feats]
 
     @staticmethod
