@@ -90,6 +90,7 @@ class ExportedDrafter:
         self.vocab_size = int(manifest["vocab_size"])
         self.target_layer_ids = tuple(int(i) for i in manifest["target_layer_ids"])
         self.hidden_size = int(manifest["hidden_size"])
+        self.feature_size = len(self.target_layer_ids) * self.hidden_size
         self.num_layers = int(manifest["num_layers"])
         self.num_kv_heads = int(manifest["num_kv_heads"])
         self.head_dim = int(manifest["head_dim"])
