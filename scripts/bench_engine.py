@@ -399,8 +399,8 @@ def report(results: dict[str, Any], out: Path) -> None:
         print(markdown_engine(results["engine_overhead"]) + "\n")
     for v in results["verification"].values():
         print(v["markdown"] + "\n")
-    print(f"wrote {out / 'engine_bench.json'} and {out / 'engine_overheads.png'} "
-          f"in {meta['total_seconds']:.0f} s")
+    print(f"{out / 'engine_bench.json'}, {out / 'engine_overheads.png'}: measured in "
+          f"{meta['total_seconds']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -250,7 +250,7 @@ class Engine:
         self.timings["target"] += time.perf_counter() - t0
         logits = out.logits[:, : gamma + 1]
         if gamma == 0 and all(r.sampling.is_greedy for r in reqs):
-            nxt = logits[:, 0].argmax(-1)  # [R] plain greedy decoding needs no distribution
+            nxt = logits[:, 0].float().argmax(-1)  # [R] no distribution needed; fp32 argmax is faster
             accepted = torch.zeros(R, dtype=torch.long)
             committed = nxt[:, None]
         elif gamma == 0:
@@ -259,7 +259,7 @@ class Engine:
             accepted = torch.zeros(R, dtype=torch.long)
             committed = nxt[:, None]
         elif all(r.sampling.is_greedy for r in reqs):
-            res = verify_greedy(block.tokens, logits.argmax(-1), lengths)
+            res = verify_greedy(block.tokens, logits.float().argmax(-1), lengths)
             accepted, committed = res.accepted, res.committed
         else:
             p = probs_for_requests(logits, [r.sampling for r in reqs])  # [R, 1+γ, V]

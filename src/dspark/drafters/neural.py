@@ -145,6 +145,10 @@ class _NeuralDrafter(nn.Module):
 
     def _sample_block(self, logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [R, V] → (q [R, V], tokens [R]) under each request's sampling params."""
+        if all(p.is_greedy for p in context.sampling):
+            # Greedy: q is the one-hot argmax; skip softmax and the V exponential draws per row.
+            tokens = logits.float().argmax(-1)  # [R]
+            return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, tokens[:, None], 1.0), tokens
         q = probs_for_requests(logits, context.sampling)  # [R, V]
         return q, sample(q, context.generators)
 
