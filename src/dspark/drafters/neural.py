@@ -33,7 +33,7 @@ from dspark.protocols.drafter import DraftContext
 from dspark.sampling import probs_for_requests, sample
 from dspark.types import DraftBlock
 
-__all__ = ["BlockDrafter", "Eagle3Drafter", "build_drafter", "target_features"]
+__all__ = ["BlockDrafter", "Eagle3Drafter", "build_drafter", "draft_lengths", "draft_sample", "target_features"]
 
 
 class _ContextCache:
@@ -85,6 +85,27 @@ def target_features(
                 f"layers × hidden {hidden_size}), got {tuple(f.shape)}"
             )
     return feats
+
+
+def draft_sample(logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, V] → (q [R, V], tokens [R]) under each request's sampling params.
+
+    q is the distribution each token was drawn from (what verification needs). An all-greedy batch
+    takes the argmax with a one-hot q, skipping the softmax and the V exponential draws per row.
+    """
+    if all(p.is_greedy for p in context.sampling):
+        tokens = logits.float().argmax(-1)  # [R]
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, tokens[:, None], 1.0), tokens
+    q = probs_for_requests(logits, context.sampling)  # [R, V]
+    return q, sample(q, context.generators)
+
+
+def draft_lengths(context: DraftContext, R: int, gamma: int) -> torch.Tensor:
+    """Valid draft lengths [R]: γ, cut to the room the engine left each request."""
+    valid = torch.full((R,), gamma, dtype=torch.long)
+    if context.max_lengths is not None:
+        valid = torch.minimum(valid, context.max_lengths.long().clamp_min(0))
+    return valid  # [R]
 
 
 class _NeuralDrafter(nn.Module):
@@ -144,19 +165,10 @@ class _NeuralDrafter(nn.Module):
             )
 
     def _sample_block(self, logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [R, V] → (q [R, V], tokens [R]) under each request's sampling params."""
-        if all(p.is_greedy for p in context.sampling):
-            # Greedy: q is the one-hot argmax; skip softmax and the V exponential draws per row.
-            tokens = logits.float().argmax(-1)  # [R]
-            return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, tokens[:, None], 1.0), tokens
-        q = probs_for_requests(logits, context.sampling)  # [R, V]
-        return q, sample(q, context.generators)
+        return draft_sample(logits, context)
 
     def _valid(self, context: DraftContext, R: int) -> torch.Tensor:
-        valid = torch.full((R,), self.gamma, dtype=torch.long)
-        if context.max_lengths is not None:
-            valid = torch.minimum(valid, context.max_lengths.long().clamp_min(0))
-        return valid  # [R]
+        return draft_lengths(context, R, self.gamma)
 
 
 class BlockDrafter(_NeuralDrafter):

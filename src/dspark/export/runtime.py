@@ -29,10 +29,9 @@ from typing import Any, Protocol
 
 import torch
 
-from dspark.drafters.neural import target_features
+from dspark.drafters.neural import draft_lengths, draft_sample, target_features
 from dspark.export.manifest import ExportError
 from dspark.protocols.drafter import DraftContext
-from dspark.sampling import probs_for_requests, sample
 from dspark.types import DraftBlock
 
 __all__ = ["GraphRunner", "ExportedDrafter"]
@@ -182,14 +181,10 @@ class ExportedDrafter:
 
     def _sample(self, logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [R, V] (any device) → (q [R, V], tokens [R]) on the CPU, per request."""
-        q = probs_for_requests(logits.float().cpu(), context.sampling)  # [R, V]
-        return q, sample(q, context.generators)
+        return draft_sample(logits.float().cpu(), context)
 
     def _valid(self, context: DraftContext, R: int) -> torch.Tensor:
-        valid = torch.full((R,), self.gamma, dtype=torch.long)
-        if context.max_lengths is not None:
-            valid = torch.minimum(valid, context.max_lengths.long().clamp_min(0))
-        return valid  # [R]
+        return draft_lengths(context, R, self.gamma)
 
     def _run_packed(self, graph: str, inputs: dict[str, torch.Tensor], axis_dim: dict[str, int],
                     outputs: dict[str, int]) -> dict[str, torch.Tensor]:
