@@ -10,6 +10,7 @@ from scipy import stats
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 import dspark
+from conftest import run_with_late_join
 from dspark.engine import Engine
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
@@ -80,14 +81,8 @@ def test_greedy_batch_identical_to_target_decode(model, dname, sched):
     engine = Engine(target, drafter_for(target, dname), scheduler=dspark.get_scheduler(name, **cfg), cost_model=FLAT)
     prompts = [torch.tensor(p) for p in PROMPTS]
     n = 20
-    first = [engine.add_request(p, max_new_tokens=n) for p in prompts[:2]]
-    engine.step()
-    engine.step()
-    late = engine.add_request(prompts[2], max_new_tokens=n)  # joins mid-stream
-    for _ in engine.stream():
-        pass
-    done = {c.request_id: c for c in engine.pop_finished()}
-    for rid, p in zip([*first, late], prompts):
+    rids, done = run_with_late_join(engine, prompts, n)
+    for rid, p in zip(rids, prompts):
         assert done[rid].output_ids == reference(model, p, n), f"{dname}/{sched}: request {rid} diverged"
         assert done[rid].finish_reason == "length"
     assert list(target.request_ids) == []  # finished requests released their KV caches

@@ -19,6 +19,7 @@ pytest.importorskip("onnxruntime", reason="export tests need onnxruntime: pip in
 import onnx  # noqa: E402
 
 import dspark  # noqa: E402
+from conftest import run_with_late_join  # noqa: E402
 from dspark.drafters.checkpoint import save_pretrained  # noqa: E402
 from dspark.engine import Engine  # noqa: E402
 from dspark.export import ExportError, OrtDrafter, compare_drafters, export_onnx  # noqa: E402
@@ -319,14 +320,8 @@ def test_engine_with_ort_drafter_is_token_identical_to_greedy_decode(engine_mode
                     cost_model=dspark.get_cost_model("sps-table", profile=FLAT))
     prompts = [torch.tensor(p) for p in PROMPTS]
     n = 20
-    first = [engine.add_request(p, max_new_tokens=n) for p in prompts[:2]]
-    engine.step()
-    engine.step()
-    late = engine.add_request(prompts[2], max_new_tokens=n)  # joins mid-stream
-    for _ in engine.stream():
-        pass
-    done = {c.request_id: c for c in engine.pop_finished()}
-    for rid, p in zip([*first, late], prompts):
+    rids, done = run_with_late_join(engine, prompts, n)
+    for rid, p in zip(rids, prompts):
         assert done[rid].output_ids == _reference(engine_model, p, n), f"{name}: {rid} diverged"
     assert sum(c.metrics["accepted"] for c in done.values()) > 0  # drafts were really used
     assert engine.drafter._caches == {}  # finished requests released their draft caches
