@@ -152,6 +152,86 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# dspark data
+# --------------------------------------------------------------------------------------------
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Build self-distillation data: the target writes responses to math, code and chat prompts "
+        "(built-in generated sources and/or your JSONL files); a held-out split by prompt hash is "
+        "written apart. Re-running resumes."
+    )
+    p.add_argument("--out", default="data/smollm2", help="folder for train.jsonl, eval_prompts.jsonl, meta.json")
+    p.add_argument("--per-domain", type=int, default=600, help="built-in prompts per domain (math, code, chat)")
+    p.add_argument("--prompts", action="append", help="JSONL prompt file (repeatable): {prompt, domain?}")
+    p.add_argument("--no-builtin", action="store_true", help="only the --prompts files")
+    p.add_argument("--eval-fraction", type=float, default=0.1)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+
+
+@command("data", _data_args)
+def _data(args: argparse.Namespace) -> int:
+    from dspark.data.build import run_data
+
+    return run_data(args)
+
+
+# --------------------------------------------------------------------------------------------
+# dspark train
+# --------------------------------------------------------------------------------------------
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Train a DSpark, DFlash or Eagle3 drafter on `dspark data` output, with target features "
+        "online or from a cache. Re-running the same command resumes; `torchrun --nproc-per-node N "
+        "-m dspark train ...` trains data-parallel."
+    )
+    p.add_argument("--data", required=True, help="a `dspark data` folder (train.jsonl)")
+    p.add_argument("--out", required=True, help="run folder: state.pt, log.jsonl, curve.png, checkpoint/")
+    p.add_argument("--kind", default="dspark", choices=["dspark", "dflash", "eagle3"])
+    p.add_argument("--head", default="gated-markov", choices=["vanilla-markov", "gated-markov", "rnn"])
+    p.add_argument("--rank", type=int, default=256, help="sequential head rank r")
+    p.add_argument("--num-layers", type=int, default=1, help="draft layers (Eagle3: always 1)")
+    p.add_argument("--gamma", type=int, default=7, help="block size γ")
+    p.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0: the target's)")
+    p.add_argument("--layer-ids", help="comma-separated target layer ids (default: evenly spread)")
+    p.add_argument("--init", default="target", choices=["target", "random"],
+                   help="copy the target's top layers into the draft layers, or random init")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--seqs-per-step", type=int, default=8, help="global batch (sequences) per step")
+    p.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
+    p.add_argument("--features", default="cache", choices=["cache", "online"],
+                   help="teacher features from an on-disk cache (built on first use) or online")
+    p.add_argument("--feature-cache", help="cache folder (default DATA/features)")
+    p.add_argument("--top-k", type=int, default=32, help="teacher top-k kept for the L1 / overlap losses")
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--checkpoint-every", type=int, default=50)
+    p.add_argument("--save-dtype", default="int8", choices=["float32", "float16", "bfloat16", "int8"])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+
+
+@command("train", _train_args)
+def _train(args: argparse.Namespace) -> int:
+    from dspark.training.run import run_train
+
+    return run_train(args)
+
+
+# --------------------------------------------------------------------------------------------
 # dspark export (same as python -m dspark.export)
 # --------------------------------------------------------------------------------------------
 

@@ -62,7 +62,12 @@ def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None) -> tuple[Any, Any]:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # GGUF de-quantisation logs and bars are noise here
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
+        except (OSError, ValueError, TypeError):
+            if "gguf_file" in kwargs:
+                raise
+            tokenizer = None  # a bare HF folder (config + weights): token-id prompts only
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)

@@ -70,6 +70,11 @@ class TargetInfo:
             )
 
 
+def _has_qk_norm(hf_config: Any) -> bool:
+    """Qwen3-style targets normalise q and k per head; Llama-style (SmolLM2) do not."""
+    return "qwen3" in str(getattr(hf_config, "model_type", "")).lower()
+
+
 def _positive(_i: Any, a: Any, v: int) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise ValueError(f"{a.name} must be a positive integer, got {v!r}")
@@ -89,6 +94,9 @@ class DrafterConfig:
     head: str | None = field(default=None, validator=validators.optional(validators.in_(HEADS)))
     rank: int = field(default=256, validator=_positive)
     confidence: bool = field(default=False)
+    # Reduced draft vocabulary (EAGLE-3's d2t): the drafter scores only this many target tokens
+    # (the last slot is a never-drawn placeholder for anchors outside it). None: the full vocab.
+    draft_vocab_size: int | None = field(default=None, validator=validators.optional(_positive))
 
     def __attrs_post_init__(self) -> None:
         if not self.target_layer_ids:
@@ -98,6 +106,10 @@ class DrafterConfig:
             raise ValueError("eagle3 fuses exactly 3 target layers (low, mid, high)")
         if self.kind != "dspark" and (self.head or self.confidence):
             raise ValueError(f"{self.kind} has no sequential head and no confidence head")
+        if self.draft_vocab_size is not None and not 2 <= self.draft_vocab_size <= self.vocab_size + 1:
+            raise ValueError(
+                f"draft_vocab_size must be in [2, vocab_size + 1 = {self.vocab_size + 1}], got {self.draft_vocab_size}"
+            )
         if self.layer.num_heads % self.layer.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
 
@@ -123,6 +135,7 @@ class DrafterConfig:
             intermediate_size=c.intermediate_size,
             rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5),
             rope_theta=float(rope),
+            qk_norm=_has_qk_norm(c),
         )
         L = c.num_hidden_layers
         if layer_ids is None:

@@ -28,6 +28,7 @@ class LayerShape:
     intermediate_size: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    qk_norm: bool = True  # per-head RMSNorm of q and k (Qwen3); False copies a Llama layer exactly
 
 
 class RMSNorm(nn.Module):
@@ -69,8 +70,8 @@ class DraftLayer(nn.Module):
         self.k_proj = nn.Linear(d, Hkv * hd, bias=False)
         self.v_proj = nn.Linear(d, Hkv * hd, bias=False)
         self.o_proj = nn.Linear(H * hd, d, bias=False)
-        self.q_norm = RMSNorm(hd, s.rms_norm_eps)
-        self.k_norm = RMSNorm(hd, s.rms_norm_eps)
+        self.q_norm = RMSNorm(hd, s.rms_norm_eps) if s.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(hd, s.rms_norm_eps) if s.qk_norm else nn.Identity()
         self.post_norm = RMSNorm(d, s.rms_norm_eps)
         self.gate_proj = nn.Linear(d, s.intermediate_size, bias=False)
         self.up_proj = nn.Linear(d, s.intermediate_size, bias=False)
@@ -97,12 +98,15 @@ class DraftLayer(nn.Module):
         ctx_mask: torch.Tensor,
         causal: bool = False,
         return_kv: bool = False,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One layer over the block.
 
         x [R, γ, d] block states; positions [R, γ]; ctx_k/ctx_v [R, H_kv, n, hd] injected context
         (padded); ctx_mask [R, n] bool, True where a context slot is real. Returns [R, γ, d], and
         with ``return_kv`` also the block's own K, V [R, H_kv, γ, hd] (Eagle3 caches them).
+        ``attn_mask`` [R, γ, n+γ] bool replaces the mask built from ctx_mask/causal (training packs
+        many blocks of one sequence into one call and needs a block-diagonal mask).
         """
         R, g, _ = x.shape
         s = self.shape
@@ -116,12 +120,15 @@ class DraftLayer(nn.Module):
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        blk = torch.ones(g, g, dtype=torch.bool, device=x.device)
-        if causal:
-            blk = torch.tril(blk)
-        mask = torch.cat(
-            [ctx_mask[:, None, :].expand(R, g, -1), blk.expand(R, g, g)], dim=-1
-        )  # [R, γ, n+γ]
+        if attn_mask is not None:
+            mask = attn_mask  # [R, γ, n+γ]
+        else:
+            blk = torch.ones(g, g, dtype=torch.bool, device=x.device)
+            if causal:
+                blk = torch.tril(blk)
+            mask = torch.cat(
+                [ctx_mask[:, None, :].expand(R, g, -1), blk.expand(R, g, g)], dim=-1
+            )  # [R, γ, n+γ]
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # [R, H, γ, hd]
         x = x + self.o_proj(attn.transpose(1, 2).reshape(R, g, s.num_heads * s.head_dim))
         h = self.post_norm(x)

@@ -122,6 +122,14 @@ class _NeuralDrafter(nn.Module):
         self._lm_head: torch.Tensor | None = None  # [V, d] frozen, from the target
         self._caches: dict[str, _ContextCache] = {}
         self.timings: dict[str, float] = {}  # seconds spent per part in the last draft() call
+        # Reduced draft vocabulary: draft slot i scores target token draft_ids[i]; the last slot is
+        # a placeholder (logit −inf, never drawn) that anchors outside the draft vocabulary map to.
+        Vd = config.draft_vocab_size
+        self.draft_size = Vd or config.vocab_size  # the V the logits, q and heads work in
+        if Vd is not None:
+            self.register_buffer("draft_ids", torch.arange(Vd, dtype=torch.long) % config.vocab_size)  # [V_d]
+        self._t2d: torch.Tensor | None = None  # [V] target id → draft slot
+        self._bias: torch.Tensor | None = None  # [V_d] 0, −inf on the placeholder
 
     # -- target binding -------------------------------------------------------------------
     def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> _NeuralDrafter:
@@ -133,7 +141,40 @@ class _NeuralDrafter(nn.Module):
                 )
         self._embed = embed_weight.detach()
         self._lm_head = lm_head_weight.detach()
+        if self.config.draft_vocab_size is not None:
+            ids = self.draft_ids  # [V_d]
+            if int(ids.min()) < 0 or int(ids.max()) >= V:
+                raise ValueError(f"draft_ids must be target token ids in [0, {V})")
+            self._lm_head = lm_head_weight.detach()[ids]  # [V_d, d] (the placeholder row is masked)
+            self._t2d = torch.full((V,), ids.numel() - 1, dtype=torch.long)
+            self._t2d[ids[:-1]] = torch.arange(ids.numel() - 1)
+            self._bias = torch.zeros(ids.numel())
+            self._bias[-1] = float("-inf")
         return self
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Use these V_d − 1 target tokens as the draft vocabulary (then call ``bind_target``)."""
+        Vd = self.config.draft_vocab_size
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        if Vd is None or token_ids.numel() != Vd - 1 or token_ids.unique().numel() != Vd - 1:
+            raise ValueError(f"need {None if Vd is None else Vd - 1} distinct token ids for the draft vocabulary")
+        self.draft_ids.copy_(torch.cat([token_ids, token_ids[:1]]))  # last: placeholder
+
+    def to_draft(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Target ids → draft slots (identity without a reduced vocabulary)."""
+        return tokens if self._t2d is None else self._t2d[tokens]
+
+    def to_target(self, slots: torch.Tensor) -> torch.Tensor:
+        """Draft slots → target ids."""
+        return slots if self._t2d is None else self.draft_ids[slots]
+
+    def full_vocab(self, x: torch.Tensor, fill: float) -> torch.Tensor:
+        """Draft-space [..., V_d] → target-space [..., V], ``fill`` where the draft has no slot."""
+        if self._t2d is None:
+            return x
+        out = x.new_full((*x.shape[:-1], self.config.vocab_size), fill)
+        out[..., self.draft_ids[:-1]] = x[..., :-1]
+        return out
 
     def _require_bound(self) -> None:
         if self._embed is None or self._lm_head is None:
@@ -147,7 +188,14 @@ class _NeuralDrafter(nn.Module):
         return nn.functional.embedding(tokens, self._embed).to(self.dtype)  # [..., d]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return h.to(self._lm_head.dtype) @ self._lm_head.T  # [..., V]
+        """Draft-space logits [..., V_d] (V_d = V without a reduced vocabulary)."""
+        U = h.to(self._lm_head.dtype) @ self._lm_head.T
+        return U if self._bias is None else U + self._bias.to(U.dtype)
+
+    def _emit(self, U_j: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft-space Ũ_j [R, V_d] → (slots [R], target tokens [R], q [R, V], logits [R, V])."""
+        q_d, x_d = self._sample_block(U_j, context)
+        return x_d, self.to_target(x_d), self.full_vocab(q_d, 0.0), self.full_vocab(U_j, float("-inf"))
 
     # -- per-request state ----------------------------------------------------------------
     def release(self, request_id: str) -> None:
@@ -189,7 +237,7 @@ class BlockDrafter(_NeuralDrafter):
         if config.head is not None:
             from dspark.heads import ConfidenceHead, build_head
 
-            self.head = build_head(config.head, config.vocab_size, s.hidden_size, config.rank)
+            self.head = build_head(config.head, self.draft_size, s.hidden_size, config.rank)
             if config.confidence:
                 self.confidence_head = ConfidenceHead(s.hidden_size, config.rank)
 
@@ -207,7 +255,7 @@ class BlockDrafter(_NeuralDrafter):
         cache.length += n
 
     def backbone(self, anchors: torch.Tensor, anchor_pos: torch.Tensor, caches: list[_ContextCache]) -> tuple[torch.Tensor, torch.Tensor]:
-        """anchors [R], anchor_pos [R] → h [R, γ, d], base logits U [R, γ, V]."""
+        """anchors [R], anchor_pos [R] → h [R, γ, d], base logits U [R, γ, V_d]."""
         R, g = anchors.shape[0], self.gamma
         x = torch.cat(
             [self.embed(anchors)[:, None], self.mask_embedding.expand(R, g - 1, -1)], dim=1
@@ -236,20 +284,19 @@ class BlockDrafter(_NeuralDrafter):
         h, U = self.backbone(anchors, anchor_pos, caches)  # [R, γ, d], [R, γ, V]
         t_head = 0.0
         tokens, qs, logits, conf = [], [], [], []
-        prev, state = anchors, None
+        prev, state = self.to_draft(anchors), None  # x̂_0 = the anchor, as a draft slot
         for j in range(self.gamma):
-            U_j = U[:, j].float()
+            U_j = U[:, j].float()  # [R, V_d]
             if self.head is not None:
                 t1 = time.perf_counter()
-                U_j, state = self.head.step(prev, h[:, j], U_j, state)  # Ũ_j [R, V]
+                U_j, state = self.head.step(prev, h[:, j], U_j, state)  # Ũ_j [R, V_d]
                 if self.confidence_head is not None:
                     conf.append(self.confidence_head(h[:, j], self.head.prev_embedding(prev)))  # [R]
                 t_head += time.perf_counter() - t1
-            q_j, x_j = self._sample_block(U_j, context)
+            prev, x_j, q_j, U_full = self._emit(U_j, context)
             tokens.append(x_j)
             qs.append(q_j)
-            logits.append(U_j)
-            prev = x_j
+            logits.append(U_full)
         self.timings = {"draft": time.perf_counter() - t0, "sequential_head": t_head}
         return DraftBlock(
             tokens=torch.stack(tokens, 1),  # [R, γ]
@@ -328,8 +375,7 @@ class Eagle3Drafter(_NeuralDrafter):
             k_ctx, v_ctx = torch.cat([k_ctx, k], 2), torch.cat([v_ctx, v], 2)
             mask = torch.cat([mask, torch.ones(R, 1, dtype=torch.bool)], 1)
             h = self.norm(out[:, 0])  # [R, d]
-            U = self.logits(h).float()  # [R, V]
-            q, x_next = self._sample_block(U, context)
+            _, x_next, q, U = self._emit(self.logits(h).float(), context)  # [R], [R, V], [R, V]
             tokens.append(x_next)
             qs.append(q)
             logits.append(U)

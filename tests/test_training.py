@@ -1,0 +1,337 @@
+"""Training: losses, initialisation, draft vocabulary, resume, data parallelism, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from dspark.drafters.checkpoint import from_pretrained, save_pretrained
+from dspark.training.forward import block_forward
+from dspark.training.losses import analytic_tau, block_losses, position_weights, teacher_overlap
+from dspark.training.run import build_for_target
+from dspark.training.teacher import FeatureCache, build_feature_cache, teacher_forward
+from dspark.training.trainer import TrainConfig, TrainData, Trainer, global_batch, lr_at, sample_anchors
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+V = 48
+
+
+def tiny_model(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                      initializer_range=0.2)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+_SAMPLER = None
+
+
+@torch.no_grad()
+def tiny_data(n: int = 12, seed: int = 0):
+    """Self-distilled data: random prompts, responses sampled from the tiny target itself."""
+    global _SAMPLER
+    _SAMPLER = _SAMPLER or tiny_model()
+    g = torch.Generator().manual_seed(seed)
+    seqs, pls = [], []
+    for _ in range(n):
+        p = int(torch.randint(3, 8, (1,), generator=g))
+        ids = torch.randint(0, V, (1, p), generator=g)
+        for _ in range(int(torch.randint(15, 24, (1,), generator=g))):
+            probs = torch.softmax(_SAMPLER(input_ids=ids).logits[0, -1], -1)
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=g)[None]], 1)
+        seqs.append(ids[0].tolist())
+        pls.append(p)
+    return seqs, pls
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = tiny_model()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m
+
+
+DRAFTERS = {
+    "dspark-gated": ("dspark", dict(head="gated-markov", rank=8, confidence=True, draft_vocab_size=33)),
+    "dspark-vanilla": ("dspark", dict(head="vanilla-markov", rank=8, confidence=True)),
+    "dspark-rnn": ("dspark", dict(head="rnn", rank=8, confidence=True, draft_vocab_size=33)),
+    "dflash": ("dflash", {}),
+    "eagle3": ("eagle3", dict(draft_vocab_size=40)),
+}
+
+
+def make(model, name, seqs):
+    kind, extra = DRAFTERS[name]
+    torch.manual_seed(1)
+    return build_for_target(model, kind, sequences=seqs, num_layers=1, gamma=4, **extra)
+
+
+# -- losses ----------------------------------------------------------------------------------
+
+
+def test_position_weights_decay_and_normalise():
+    w = position_weights(7, 4.0)
+    assert torch.isclose(w.sum(), torch.tensor(1.0))
+    torch.testing.assert_close(w[1] / w[0], torch.exp(torch.tensor(-0.25)))
+    with pytest.raises(ValueError):
+        position_weights(0)
+
+
+def test_overlap_is_exact_with_the_full_teacher():
+    g = torch.Generator().manual_seed(0)
+    logq = torch.log_softmax(torch.randn(3, 4, 10, generator=g), -1)
+    p = torch.softmax(torch.randn(3, 4, 10, generator=g), -1)
+    top, ids = p.topk(10, -1)
+    l1, alpha = teacher_overlap(logq, ids, top)
+    torch.testing.assert_close(l1, (p - logq.exp()).abs().sum(-1))
+    torch.testing.assert_close(alpha, torch.minimum(p, logq.exp()).sum(-1))
+    torch.testing.assert_close(alpha, 1 - 0.5 * l1)  # acceptance = overlap = 1 − TV
+
+
+def test_topk_overlap_bounds_the_true_overlap():
+    g = torch.Generator().manual_seed(1)
+    logq = torch.log_softmax(torch.randn(2, 3, 20, generator=g), -1)
+    p = torch.softmax(2 * torch.randn(2, 3, 20, generator=g), -1)
+    top, ids = p.topk(5, -1)
+    ids = torch.where(ids == 0, -1, ids)  # a teacher token outside the draft vocabulary
+    l1, alpha = teacher_overlap(logq, ids, top)
+    assert (alpha <= torch.minimum(p, logq.exp()).sum(-1) + 1e-6).all()
+    assert (l1 >= (p - logq.exp()).abs().sum(-1) - 1e-6).all()
+
+
+def test_block_losses_sum_over_blocks_divided_by_norm():
+    g = torch.Generator().manual_seed(2)
+    logq = torch.log_softmax(torch.randn(4, 3, 6, generator=g), -1)
+    label = torch.randint(0, 6, (4, 3), generator=g)
+    top, ids = torch.softmax(torch.randn(4, 3, 6, generator=g), -1).topk(3, -1)
+    valid = torch.ones(4, 3, dtype=torch.bool)
+    conf = torch.randn(4, 3, generator=g)
+    full, _ = block_losses(logq, label, ids, top, valid, conf, norm=4.0)
+    a, _ = block_losses(logq[:2], label[:2], ids[:2], top[:2], valid[:2], conf[:2], norm=4.0)
+    b, _ = block_losses(logq[2:], label[2:], ids[2:], top[2:], valid[2:], conf[2:], norm=4.0)
+    torch.testing.assert_close(full, a + b)  # what makes data-parallel ranks add up
+
+
+def test_analytic_tau():
+    assert analytic_tau([1.0, 1.0]) == 3.0
+    assert analytic_tau([0.5, 0.5]) == pytest.approx(1.75)
+    assert analytic_tau([]) == 1.0
+
+
+def test_lr_schedule_warms_up_then_decays():
+    cfg = TrainConfig(steps=100, lr=1e-3, warmup_frac=0.1, min_lr_frac=0.1)
+    lrs = [lr_at(cfg, s) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and max(lrs) == pytest.approx(1e-3)
+    assert lrs[-1] == pytest.approx(1e-4, rel=0.05)
+    assert all(b <= a + 1e-12 for a, b in zip(lrs[10:], lrs[11:]))
+
+
+def test_batches_and_anchors_are_deterministic_and_in_the_response():
+    cfg = TrainConfig(seqs_per_step=4, anchors_per_seq=5, seed=3)
+    assert global_batch(cfg, 7, 10) == global_batch(cfg, 7, 10)
+    assert sorted(global_batch(cfg, 0, 4)) == [0, 1, 2, 3]  # an epoch is a permutation
+    a = sample_anchors(cfg, 2, 1, 20, 6)
+    assert a == sample_anchors(cfg, 2, 1, 20, 6) and len(a) == 5
+    assert all(5 <= x <= 18 for x in a)
+    assert sample_anchors(cfg, 0, 0, 5, 5) == []
+
+
+def test_train_config_validates():
+    with pytest.raises(ValueError, match="steps"):
+        TrainConfig(steps=0)
+    with pytest.raises(ValueError, match="dtype"):
+        TrainConfig(dtype="float8")
+    with pytest.raises(ValueError, match="unknown drafter kind"):
+        TrainConfig.for_kind("medusa")
+
+
+# -- drafter construction ----------------------------------------------------------------------
+
+
+def test_init_copies_the_targets_top_layer(model):
+    seqs, _ = tiny_data()
+    d = make(model, "dflash", seqs)
+    top = model.model.layers[-1]
+    torch.testing.assert_close(d.layers[0].q_proj.weight, top.self_attn.q_proj.weight)
+    torch.testing.assert_close(d.layers[0].down_proj.weight, top.mlp.down_proj.weight)
+    torch.testing.assert_close(d.norm.weight, model.model.norm.weight)
+
+
+def test_draft_vocabulary_restricts_drafts_and_keeps_q_a_distribution(model):
+    from dspark.protocols.drafter import DraftContext
+    from dspark.types import SamplingParams
+
+    seqs, _ = tiny_data()
+    d = make(model, "dspark-gated", seqs)
+    allowed = set(d.draft_ids[:-1].tolist())
+    ids = torch.tensor(seqs[0][:10])
+    feats = teacher_forward(model, [ids.tolist()], d.target_layer_ids, 4)[0][0][:-1]
+    for params in (SamplingParams.greedy(), SamplingParams.random(1.0)):
+        d.release("r")
+        ctx = DraftContext(["r"], [ids], [params], [torch.Generator().manual_seed(0)],
+                           features={"hidden": [feats]})
+        blk = d.draft(ctx)
+        assert set(blk.tokens.flatten().tolist()) <= allowed
+        torch.testing.assert_close(blk.q.sum(-1), torch.ones(1, 4))
+        outside = torch.ones(V, dtype=torch.bool)
+        outside[list(allowed)] = False
+        assert float(blk.q[..., outside].abs().max()) == 0.0
+    with pytest.raises(ValueError, match="distinct token ids"):
+        d.set_draft_vocab(torch.zeros(32, dtype=torch.long))
+
+
+# -- training ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_training_raises_the_overlap(model, name, tmp_path):
+    seqs, pls = tiny_data()
+    d = make(model, name, seqs)
+    cfg = TrainConfig.for_kind(DRAFTERS[name][0], steps=40, seqs_per_step=4, anchors_per_seq=6, lr=3e-3,
+                               checkpoint_every=1000)
+    log = Trainer(d, TrainData(seqs, pls, model=model, top_k=8), cfg, tmp_path, progress=False).fit()
+    first = sum(r["tau"] for r in log[:5]) / 5
+    last = sum(r["tau"] for r in log[-5:]) / 5
+    assert last > first + 0.02, (first, last)
+    assert sum(r["loss"] for r in log[-5:]) < sum(r["loss"] for r in log[:5])
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in log)
+
+
+def test_block_forward_matches_the_drafters_inference_logits(model):
+    """Teacher-forced training logits at block position 0 equal what draft() computes."""
+    from dspark.protocols.drafter import DraftContext
+    from dspark.training.forward import Batch
+    from dspark.types import SamplingParams
+
+    seqs, _ = tiny_data()
+    d = make(model, "dspark-gated", seqs)
+    s = seqs[0]
+    f, ti, tl = teacher_forward(model, [s], d.target_layer_ids, 4)[0]
+    a = 12
+    batch = Batch(torch.tensor([s]), torch.tensor([len(s)]), torch.tensor([3]), f[None], ti[None], tl[None],
+                  torch.tensor([[a, 5]]))
+    with torch.no_grad():
+        t = block_forward(d, batch)
+    ctx = DraftContext(["r"], [torch.tensor(s[: a + 1])], [SamplingParams.greedy()], [torch.Generator()],
+                       features={"hidden": [f[:a]]})
+    blk = d.draft(ctx)
+    # position 0 of block 0: the anchor's own prediction, before any sequential-head input differs
+    U0 = blk.draft_logits[0, 0][d.draft_ids[:-1]]
+    torch.testing.assert_close(torch.log_softmax(U0, -1), t.logq[0, 0, :-1].log_softmax(-1), atol=1e-4, rtol=1e-4)
+
+
+def test_resume_replays_the_same_loss_curve(model, tmp_path):
+    seqs, pls = tiny_data()
+    data = TrainData(seqs, pls, model=model, top_k=8)
+    cfg = TrainConfig.for_kind("dspark", steps=8, seqs_per_step=4, anchors_per_seq=4, checkpoint_every=3)
+    straight = Trainer(make(model, "dspark-gated", seqs), data, cfg, tmp_path / "a", progress=False).fit()
+
+    t = Trainer(make(model, "dspark-gated", seqs), data, cfg, tmp_path / "b", progress=False)
+    t.fit(on_step=lambda r: setattr(t, "_stop", r["step"] == 4))  # "killed" after step 5
+    assert t.step == 5 and (tmp_path / "b" / "state.pt").is_file()
+    again = Trainer(make(model, "dspark-gated", seqs), data, cfg, tmp_path / "b", progress=False)
+    assert again.resume() and again.step == 5
+    resumed = again.fit()
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight], rel=1e-6, abs=1e-7)
+
+
+def test_resume_refuses_a_corrupt_or_foreign_state(model, tmp_path):
+    seqs, pls = tiny_data()
+    data = TrainData(seqs, pls, model=model, top_k=8)
+    cfg = TrainConfig.for_kind("dflash", steps=2, seqs_per_step=2, anchors_per_seq=2)
+    Trainer(make(model, "dflash", seqs), data, cfg, tmp_path, progress=False).fit()
+    with pytest.raises(ValueError, match="another drafter config"):
+        Trainer(make(model, "eagle3", seqs), data, TrainConfig.for_kind("eagle3", steps=2), tmp_path,
+                progress=False).resume()
+    (tmp_path / "state.pt").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="corrupt"):
+        Trainer(make(model, "dflash", seqs), data, cfg, tmp_path, progress=False).resume()
+
+
+def test_feature_cache_equals_online_teacher(model, tmp_path):
+    seqs, pls = tiny_data(5)
+    cache = build_feature_cache(model, seqs, tmp_path, [1, 3, 4], top_k=6, batch_size=2, shard_size=2,
+                                progress=False)
+    assert len(cache) == 5
+    online = teacher_forward(model, [seqs[3]], [3, 1], 6)[0]
+    cached = cache.get(3, [3, 1])
+    torch.testing.assert_close(cached[0], online[0], atol=2e-3, rtol=2e-3)  # fp16 storage
+    assert torch.equal(cached[1], online[1])
+    with pytest.raises(ValueError, match="holds layers"):
+        cache.get(0, [2])
+    with pytest.raises(ValueError, match="other data"):
+        build_feature_cache(model, seqs[:4], tmp_path, [1, 3, 4], top_k=6, progress=False)
+    # an interrupted build resumes at the first incomplete shard
+    meta = json.loads((tmp_path / "cache.json").read_text())
+    meta["complete_shards"] = 1
+    (tmp_path / "cache.json").write_text(json.dumps(meta))
+    (tmp_path / "shard-00002.safetensors").unlink()
+    assert len(build_feature_cache(model, seqs, tmp_path, [1, 3, 4], top_k=6, shard_size=2, progress=False)) == 5
+
+
+def test_int8_checkpoint_round_trip(model, tmp_path):
+    seqs, _ = tiny_data()
+    d = make(model, "dspark-gated", seqs)
+    with torch.no_grad():
+        d.head.w_up.weight.normal_(0, 0.1)
+    save_pretrained(d, tmp_path / "q", dtype=torch.float16, quantize=True)
+
+    class T:
+        name, vocab_size, hidden_size, num_layers = "target", V, 32, 6
+    T.model = model
+    loaded = from_pretrained(tmp_path / "q", T())
+    assert torch.equal(loaded.draft_ids, d.draft_ids)
+    for k, v in d.state_dict().items():
+        if v.is_floating_point():
+            tol = 1.5 * v.abs().max().item() / 127 + 1e-3
+            assert (loaded.state_dict()[k].float() - v.float()).abs().max() <= tol, k
+
+
+# -- data parallel ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one(tmp_path):
+    """torchrun, 2 CPU processes (gloo), each half of every global batch == 1 process."""
+    if shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists():
+        pytest.skip("torchrun is not installed")
+    from dspark.data.selfdistill import Record
+
+    m = tiny_model()
+    m.save_pretrained(tmp_path / "target")
+    seqs, pls = tiny_data(8)
+    (tmp_path / "data").mkdir()
+    with (tmp_path / "data" / "train.jsonl").open("w") as fh:
+        for i, (s, p) in enumerate(zip(seqs, pls)):
+            fh.write(json.dumps(Record(str(i), "x", "p", tuple(s[:p]), tuple(s[p:])).to_dict()) + "\n")
+    common = ["--data", str(tmp_path / "data"), "--model", str(tmp_path / "target"), "--kind", "dspark",
+              "--rank", "8", "--gamma", "4", "--steps", "4", "--seqs-per-step", "4", "--anchors", "4",
+              "--features", "online", "--top-k", "8", "--save-dtype", "float32", "--quiet", "--lr", "3e-3"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, "-m", "dspark", "train", "--out", str(tmp_path / "one"), *common],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    two = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29517", "-m", "dspark", "train",
+                          "--out", str(tmp_path / "two"), *common], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    la = [json.loads(x) for x in (tmp_path / "one" / "log.jsonl").read_text().splitlines()]
+    lb = [json.loads(x) for x in (tmp_path / "two" / "log.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in lb] == pytest.approx([r["loss"] for r in la], rel=1e-5)
+    from safetensors.torch import load_file
+
+    wa = load_file(str(tmp_path / "one" / "checkpoint" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "two" / "checkpoint" / "model.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
