@@ -232,6 +232,61 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# dspark calibrate / dspark eval
+# --------------------------------------------------------------------------------------------
+
+
+def _eval_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", help="held-out prompts JSONL (default: the shipped SmolLM2 eval prompts)")
+    p.add_argument("--per-domain", type=int, default=12, help="prompts per domain")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Run a drafter against the target on held-out prompts (every position verified), fit STS on "
+        "half of them and report ECE / AUROC / Brier / cumprod bias per position before and after on "
+        "the other half. Writes calibration.json next to the checkpoint (or to --out)."
+    )
+    p.add_argument("checkpoint", help="checkpoint folder or shipped drafter name")
+    p.add_argument("--out", help="folder for calibration.json and the report (default: the checkpoint)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    _eval_common(p)
+
+
+@command("calibrate", _calibrate_args)
+def _calibrate(args: argparse.Namespace) -> int:
+    from dspark.evaluation_cli import run_calibrate
+
+    return run_calibrate(args)
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Evaluate drafters per domain: τ, proposal length, verify rate, conditional acceptance and "
+        "prefix survival per position, threshold sweep, confidence metrics (JSON, Markdown, PNG)."
+    )
+    p.add_argument("--drafter", action="append", required=True,
+                   help="LABEL=CHECKPOINT, a checkpoint folder, a shipped drafter name, or ngram (repeatable)")
+    p.add_argument("--temperature", type=float, nargs="+", default=[0.0])
+    p.add_argument("--out", default="out/eval")
+    p.add_argument("--fresh", action="store_true", help="recompute runs already recorded under OUT/rounds")
+    _eval_common(p)
+
+
+@command("eval", _eval_args)
+def _eval(args: argparse.Namespace) -> int:
+    from dspark.evaluation_cli import run_eval
+
+    return run_eval(args)
+
+
+# --------------------------------------------------------------------------------------------
 # dspark export (same as python -m dspark.export)
 # --------------------------------------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 
 ``draft-head`` passes through the logits of the drafter's own confidence head (DSpark), falling
 back to the proxy when a drafter has none. ``max-prob`` is the documented proxy for drafters without
-a head (DFlash, Eagle3, n-gram): the logit of max_v q_j(v). It reads q_j, which depends on h_j and
-x̂_{j-1} only, so it keeps the stopping-rule property; a proxy built from q_j(x̂_j), the probability
+a head (DFlash, Eagle3, n-gram): the logit of max_v softmax(Ũ_j)(v) (of q_j when a block has no
+logits). It reads Ũ_j / q_j, which depend on h_j and x̂_{j-1} only, so it keeps the stopping-rule property; a proxy built from q_j(x̂_j), the probability
 of the token actually drawn, would *not* (it reads x̂_j) and is deliberately not offered.
 """
 
@@ -23,6 +23,14 @@ def max_prob_logits(q: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return torch.logit(m)
 
 
+def _proxy_distribution(block: DraftBlock) -> torch.Tensor:
+    """softmax(Ũ_j) when the block carries its logits (a greedy q is one-hot and says nothing),
+    else q. Either depends on h_j and x̂_{j-1} only."""
+    if block.draft_logits is not None:
+        return torch.softmax(block.draft_logits.float(), dim=-1)
+    return block.q
+
+
 @frozen
 class MaxProbConfidence:
     """Proxy confidence: the draft distribution's largest probability at each position."""
@@ -31,7 +39,7 @@ class MaxProbConfidence:
     eps: float = field(default=1e-6)
 
     def confidence_logits(self, block: DraftBlock) -> torch.Tensor:
-        return max_prob_logits(block.q, self.eps)  # [R, γ]
+        return max_prob_logits(_proxy_distribution(block), self.eps)  # [R, γ]
 
 
 @frozen
@@ -43,4 +51,4 @@ class DraftHeadConfidence:
     def confidence_logits(self, block: DraftBlock) -> torch.Tensor:
         if block.confidence_logits is not None:
             return block.confidence_logits  # [R, γ]
-        return max_prob_logits(block.q)
+        return max_prob_logits(_proxy_distribution(block))

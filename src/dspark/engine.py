@@ -36,6 +36,7 @@ class RequestMetrics:
     proposed: list[int] = field(factory=list)  # valid draft length per round
     verified: list[int] = field(factory=list)  # ℓ per round
     accepted: list[int] = field(factory=list)  # accepted drafts per round
+    confidence: list[list[float]] = field(factory=list)  # raw confidence logits [γ] per round
 
     @property
     def tau(self) -> float:
@@ -85,6 +86,7 @@ class Completion:
     text: str | None
     finish_reason: str
     metrics: dict[str, Any]
+    rounds: RequestMetrics | None = None  # per-round proposed/verified/accepted/confidence
 
 
 class Engine:
@@ -239,7 +241,8 @@ class Engine:
             self.timings["sequential_head"] += getattr(self.drafter, "timings", {}).get("sequential_head", 0.0)
             for r in reqs:
                 r.features = None
-            c = self.calibrator.calibrate(self.confidence_model.confidence_logits(block))  # [R, γ]
+            raw = self.confidence_model.confidence_logits(block)  # [R, γ]
+            c = self.calibrator.calibrate(raw)  # [R, γ]
             plan = self.scheduler.schedule(c, block.valid_lengths, self.cost_model)
             lengths = plan.lengths  # [R]
             gamma = block.gamma
@@ -277,6 +280,8 @@ class Engine:
             m.verified.append(int(lengths[i]))
             m.accepted.append(n_acc)
             m.proposed.append(int(block.valid_lengths[i]) if gamma else 0)
+            if gamma:
+                m.confidence.append(raw[i].tolist())
             new = self._truncate(r, new)
             r.tokens = torch.cat([r.tokens, torch.tensor(new, dtype=torch.long)])
             outputs.append(StepOutput(r.rid, new, r.finished))
@@ -315,7 +320,7 @@ class Engine:
         return [
             Completion(r.rid, r.tokens[: r.prompt_len].tolist(), r.output,
                        tok.decode(r.output, skip_special_tokens=True) if tok is not None else None,
-                       r.finished, r.metrics.to_dict())
+                       r.finished, r.metrics.to_dict(), r.metrics)
             for r in done
         ]
 

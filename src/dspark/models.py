@@ -60,7 +60,9 @@ def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None) -> tuple[Any, Any]:
         if importlib.util.find_spec(mod) is None:
             raise ImportError(f"loading GGUF weights needs {mod!r}: pip install 'dspark[target]'")
     verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # GGUF de-quantisation logs and bars are noise here
+    hf_logging.disable_progress_bar()
     try:
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, **kwargs)
@@ -71,6 +73,8 @@ def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None) -> tuple[Any, Any]:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     model.eval()
     return model, tokenizer
 

@@ -1,0 +1,37 @@
+"""Drafters trained for the embedded SmolLM2-135M-Instruct target, shipped with the package.
+
+Each folder under ``smollm2-135m/`` is a ``save_pretrained`` checkpoint (``config.json``,
+``model.safetensors`` with int8 row-wise storage, ``calibration.json`` where fitted) plus the
+``train.json`` that records how it was trained. ``eval_prompts.jsonl`` holds the held-out
+evaluation prompts (disjoint from the training prompts by prompt hash).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["ROOT", "shipped", "resolve_checkpoint", "eval_prompts_path"]
+
+ROOT = Path(__file__).parent / "smollm2-135m"
+
+
+def shipped() -> list[str]:
+    """Names of the shipped drafters (folders with a config.json)."""
+    return sorted(p.name for p in ROOT.iterdir() if (p / "config.json").is_file()) if ROOT.is_dir() else []
+
+
+def resolve_checkpoint(name_or_path: str | Path) -> Path:
+    """A checkpoint folder: an existing path, or the name of a shipped drafter."""
+    p = Path(name_or_path)
+    if (p / "config.json").is_file():
+        return p
+    if (ROOT / str(name_or_path) / "config.json").is_file():
+        return ROOT / str(name_or_path)
+    raise FileNotFoundError(
+        f"{name_or_path} is neither a drafter checkpoint folder (no config.json) nor a shipped drafter "
+        f"(shipped: {', '.join(shipped()) or 'none'})"
+    )
+
+
+def eval_prompts_path() -> Path:
+    return ROOT / "eval_prompts.jsonl"
