@@ -108,12 +108,15 @@ def collect_rounds(
                   torch.tensor([r[3] for r in rows]), conf, tuple(r[5] for r in rows), new_tokens, seconds)
 
 
-def threshold_sweep(a: torch.Tensor, accepted: torch.Tensor, thresholds: Sequence[float]) -> list[dict[str, Any]]:
-    """a [N, γ] calibrated survival, accepted [N] (full verification) → per θ: verified, accepted
-    and rejected-verified token totals, and the mean verified length ℓ̄."""
+def threshold_sweep(a: torch.Tensor, accepted: torch.Tensor, thresholds: Sequence[float],
+                    proposed: torch.Tensor | None = None) -> list[dict[str, Any]]:
+    """a [N, γ] calibrated survival, accepted [N] (full verification), proposed [N] valid draft
+    lengths → per θ: verified, accepted and rejected-verified token totals, mean verified ℓ̄, τ."""
     out = []
     for th in thresholds:
         ell = (a >= th).long().cumprod(1).sum(1)  # [N] leading positions with a_j ≥ θ
+        if proposed is not None:
+            ell = torch.minimum(ell, proposed)
         acc = torch.minimum(accepted, ell)
         out.append({"threshold": float(th), "verified": int(ell.sum()), "accepted": int(acc.sum()),
                     "rejected_verified": int((ell - acc).sum()), "mean_verified": float(ell.float().mean()),
@@ -151,7 +154,7 @@ def evaluate_rounds(rounds: Rounds, calibrator: Any = None, thresholds: Sequence
             cal_c = calibrator.calibrate(r.confidence_logits.float()).float()
             res["calibrated"] = confidence_report(cal_c, r.accepted, r.verified).to_dict()
         if thresholds:
-            res["threshold_sweep"] = threshold_sweep(torch.cumprod(cal_c, 1), r.accepted, thresholds)
+            res["threshold_sweep"] = threshold_sweep(torch.cumprod(cal_c, 1), r.accepted, thresholds, r.proposed)
         if name is None:
             out["overall"] = res
         else:

@@ -158,7 +158,7 @@ def code_prompts(n: int, seed: int = 0) -> list[Prompt]:
                           f'    """{doc}"""\n```', "code"))
         out.append(Prompt(f"Explain what `{modname}.{name}` does in Python and show a short example.", "code"))
     random.Random(f"code-{seed}").shuffle(out)
-    return out[:n]
+    return list(dict.fromkeys(out))[:n]  # os.path and posixpath document the same functions
 
 
 # --------------------------------------------------------------------------------------------
