@@ -29,6 +29,7 @@ from torch import nn
 
 from dspark.drafters.config import DrafterConfig
 from dspark.drafters.layers import DraftLayer, RMSNorm
+from dspark.drafters.vocab import NEG, DraftVocab
 from dspark.protocols.drafter import DraftContext
 from dspark.sampling import probs_for_requests, sample
 from dspark.types import DraftBlock
@@ -128,8 +129,8 @@ class _NeuralDrafter(nn.Module):
         self.draft_size = Vd or config.vocab_size  # the V the logits, q and heads work in
         if Vd is not None:
             self.register_buffer("draft_ids", torch.arange(Vd, dtype=torch.long) % config.vocab_size)  # [V_d]
-        self._t2d: torch.Tensor | None = None  # [V] target id → draft slot
-        self._bias: torch.Tensor | None = None  # [V_d] 0, −inf on the placeholder
+        self.vocab_map: DraftVocab | None = None  # set by bind_target
+        self._lm_head_full: torch.Tensor | None = None
 
     # -- target binding -------------------------------------------------------------------
     def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> _NeuralDrafter:
@@ -140,16 +141,10 @@ class _NeuralDrafter(nn.Module):
                     f"target {what} has shape {tuple(w.shape)}; this drafter needs [vocab {V}, hidden {d}]"
                 )
         self._embed = embed_weight.detach()
-        self._lm_head = lm_head_weight.detach()
+        self._lm_head = self._lm_head_full = lm_head_weight.detach()
         if self.config.draft_vocab_size is not None:
-            ids = self.draft_ids  # [V_d]
-            if int(ids.min()) < 0 or int(ids.max()) >= V:
-                raise ValueError(f"draft_ids must be target token ids in [0, {V})")
-            self._lm_head = lm_head_weight.detach()[ids]  # [V_d, d] (the placeholder row is masked)
-            self._t2d = torch.full((V,), ids.numel() - 1, dtype=torch.long)
-            self._t2d[ids[:-1]] = torch.arange(ids.numel() - 1)
-            self._bias = torch.zeros(ids.numel())
-            self._bias[-1] = float("-inf")
+            self.vocab_map = DraftVocab(self.draft_ids, V)
+            self._lm_head = self._lm_head_full[self.draft_ids]  # [V_d, d] (placeholder row masked by bias)
         return self
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
@@ -162,19 +157,15 @@ class _NeuralDrafter(nn.Module):
 
     def to_draft(self, tokens: torch.Tensor) -> torch.Tensor:
         """Target ids → draft slots (identity without a reduced vocabulary)."""
-        return tokens if self._t2d is None else self._t2d[tokens]
+        return tokens if self.vocab_map is None else self.vocab_map.to_draft(tokens)
 
     def to_target(self, slots: torch.Tensor) -> torch.Tensor:
         """Draft slots → target ids."""
-        return slots if self._t2d is None else self.draft_ids[slots]
+        return slots if self.vocab_map is None else self.vocab_map.to_target(slots)
 
     def full_vocab(self, x: torch.Tensor, fill: float) -> torch.Tensor:
         """Draft-space [..., V_d] → target-space [..., V], ``fill`` where the draft has no slot."""
-        if self._t2d is None:
-            return x
-        out = x.new_full((*x.shape[:-1], self.config.vocab_size), fill)
-        out[..., self.draft_ids[:-1]] = x[..., :-1]
-        return out
+        return x if self.vocab_map is None else self.vocab_map.full(x, fill)
 
     def _require_bound(self) -> None:
         if self._embed is None or self._lm_head is None:
@@ -190,12 +181,12 @@ class _NeuralDrafter(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-space logits [..., V_d] (V_d = V without a reduced vocabulary)."""
         U = h.to(self._lm_head.dtype) @ self._lm_head.T
-        return U if self._bias is None else U + self._bias.to(U.dtype)
+        return U if self.vocab_map is None else U + self.vocab_map.bias.to(U.dtype)
 
     def _emit(self, U_j: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Draft-space Ũ_j [R, V_d] → (slots [R], target tokens [R], q [R, V], logits [R, V])."""
         q_d, x_d = self._sample_block(U_j, context)
-        return x_d, self.to_target(x_d), self.full_vocab(q_d, 0.0), self.full_vocab(U_j, float("-inf"))
+        return x_d, self.to_target(x_d), self.full_vocab(q_d, 0.0), self.full_vocab(U_j, NEG)
 
     # -- per-request state ----------------------------------------------------------------
     def release(self, request_id: str) -> None:

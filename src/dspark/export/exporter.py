@@ -194,6 +194,8 @@ def export_onnx(
         "head": config.head if getattr(drafter, "head", None) is not None else None,
         "rank": config.rank,
         "confidence": getattr(drafter, "confidence_head", None) is not None,
+        # reduced draft vocabulary: slot i of the logits is target token draft_ids[i] (last: placeholder)
+        "draft_ids": drafter.draft_ids.tolist() if getattr(drafter, "vocab_map", None) is not None else None,
         "dtype": "float32",
         "opset": opset,
         "drafter_config": config.to_dict(),
@@ -205,7 +207,9 @@ def export_onnx(
                         "marked bakes_target_weights; these files only fit this target",
                 "tied": tied,
                 "embedding_sha256": sha256_tensor(drafter._embed),
-                "lm_head_sha256": sha256_tensor(drafter._lm_head),
+                "lm_head_sha256": sha256_tensor(getattr(drafter, "_lm_head_full", None)
+                                                if getattr(drafter, "_lm_head_full", None) is not None
+                                                else drafter._lm_head),
             },
         },
         "checkpoint": _checkpoint_info(checkpoint),

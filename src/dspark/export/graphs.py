@@ -60,6 +60,8 @@ class _TargetWeights(nn.Module):
         self.lm_head_t = nn.Parameter(drafter._lm_head.detach().float().T.contiguous(), **frozen)  # [d, V]
         if not self.tied:
             self.embed_tokens = nn.Parameter(drafter._embed.detach().float(), **frozen)  # [V, d]
+        vm = getattr(drafter, "vocab_map", None)  # reduced draft vocabulary: W_lm rows + bias [V_d]
+        self.logit_bias = nn.Parameter(vm.bias.float(), **frozen) if vm is not None else None
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [...] int64 → [..., d]."""
@@ -69,7 +71,8 @@ class _TargetWeights(nn.Module):
         return cols.transpose(0, 1).reshape(*ids.shape, self.lm_head_t.shape[0])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(h, self.lm_head_t)  # [..., V]
+        U = torch.matmul(h, self.lm_head_t)  # [..., V] (V_d with a reduced draft vocabulary)
+        return U if self.logit_bias is None else U + self.logit_bias
 
 
 def _hd(t: torch.Tensor) -> torch.Tensor:
@@ -265,7 +268,8 @@ def graph_specs(drafter: Any) -> list[GraphSpec]:
         graph = HeadStepGraph(drafter)
         inputs = ["prev_ids", "h_j", "base_logits_j"]
         outputs = ["logits"]
-        example = [torch.randint(0, V, (B,), generator=gen), randn(B, d), randn(B, V)]
+        Vd = drafter.draft_size  # the head works in draft slots (V_d = V without a reduced vocabulary)
+        example = [torch.randint(0, Vd, (B,), generator=gen), randn(B, d), randn(B, Vd)]
         axes = {"prev_ids": {0: "batch"}, "h_j": {0: "batch"}, "base_logits_j": {0: "batch"},
                 "logits": {0: "batch"}}
         if drafter.confidence_head is not None:

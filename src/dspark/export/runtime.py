@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from dspark.drafters.neural import draft_lengths, draft_sample, target_features
+from dspark.drafters.vocab import NEG, DraftVocab
 from dspark.export.manifest import ExportError
 from dspark.protocols.drafter import DraftContext
 from dspark.types import DraftBlock
@@ -96,6 +97,8 @@ class ExportedDrafter:
         self.head = manifest.get("head")
         self.rank = int(manifest.get("rank") or 0)
         self.confidence = bool(manifest.get("confidence"))
+        ids = manifest.get("draft_ids")
+        self.vocab_map = DraftVocab(torch.tensor(ids), self.vocab_size) if ids else None
         self.device = runner.device
         self._caches: dict[str, _KVStore] = {}
         self._pending: dict[str, torch.Tensor | None] = {}  # Eagle3
@@ -179,9 +182,14 @@ class ExportedDrafter:
                 mask[r, : c.length] = True
         return K, Vv, mask
 
-    def _sample(self, logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [R, V] (any device) → (q [R, V], tokens [R]) on the CPU, per request."""
-        return draft_sample(logits.float().cpu(), context)
+    def _sample(self, logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft-space logits [R, V_d] (any device) → (slots [R], tokens [R], q [R, V],
+        logits [R, V]) on the CPU; V_d = V without a reduced draft vocabulary."""
+        U = logits.float().cpu()
+        q, x = draft_sample(U, context)
+        if self.vocab_map is None:
+            return x, x, q, U
+        return x, self.vocab_map.to_target(x), self.vocab_map.full(q, 0.0), self.vocab_map.full(U, NEG)
 
     def _valid(self, context: DraftContext, R: int) -> torch.Tensor:
         return draft_lengths(context, R, self.gamma)
@@ -234,7 +242,7 @@ class ExportedDrafter:
         h, U = out["h"], out["base_logits"]  # [R, γ, d], [R, γ, V]
         t_head = 0.0
         tokens, qs, logits, conf = [], [], [], []
-        prev = anchors
+        prev = anchors if self.vocab_map is None else self.vocab_map.to_draft(anchors)
         state = torch.zeros(R, self.rank, device=self.device) if self.head == "rnn" else None
         for j in range(self.gamma):
             U_j = U[:, j]
@@ -250,11 +258,11 @@ class ExportedDrafter:
                 if state is not None:
                     state = step["state_out"]
                 t_head += time.perf_counter() - t1
-            q_j, x_j = self._sample(U_j, context)
+            slot, x_j, q_j, U_full = self._sample(U_j, context)
             tokens.append(x_j)
             qs.append(q_j)
-            logits.append(U_j.float().cpu())
-            prev = x_j
+            logits.append(U_full)
+            prev = slot
         self.timings = {"draft": time.perf_counter() - t0, "sequential_head": t_head, "ingest": t_ingest}
         return DraftBlock(
             tokens=torch.stack(tokens, 1),  # [R, γ]
@@ -330,10 +338,10 @@ class ExportedDrafter:
             v_ctx[:, :, :, slot] = out["v_new"][:, :, :, 0]
             mask[:, slot] = True
             U = out["logits"][:, 0]  # [R, V]
-            q, x_next = self._sample(U, context)
+            _, x_next, q, U_full = self._sample(U, context)
             tokens.append(x_next)
             qs.append(q)
-            logits.append(U.float().cpu())
+            logits.append(U_full)
             tok, feat, pos = x_next.to(self.device), out["out"][:, 0], pos + 1
         self.timings = {"draft": time.perf_counter() - t0, "sequential_head": 0.0, "ingest": t_ingest}
         return DraftBlock(

@@ -15,6 +15,8 @@ from typing import Any
 import attrs
 import torch
 
+from dspark.drafters.vocab import NEG
+
 from dspark.protocols.drafter import DraftContext
 from dspark.types import SamplingParams
 
@@ -81,7 +83,8 @@ def compare_drafters(
             a = reference.draft(DraftContext(rids, tokens, sampling, gens_a, features={"hidden": feats}))
             b = exported.draft(DraftContext(rids, tokens, sampling, gens_b, features={"hidden": feats}))
             diffs["logits"] = max(diffs["logits"], _maxdiff(a.draft_logits, b.draft_logits))
-            scale = max(scale, float(a.draft_logits.abs().max()))
+            real = a.draft_logits[a.draft_logits > NEG / 2]  # not the "outside the draft vocabulary" fill
+            scale = max(scale, float(real.abs().max()))
             for key, x, y in (("conf", a.confidence_logits, b.confidence_logits), ("hidden", a.hidden, b.hidden)):
                 d = _maxdiff(x, y)
                 if d is not None:

@@ -52,7 +52,7 @@ class Targets:
 def _slots(drafter: Any, tokens: torch.Tensor) -> torch.Tensor:
     """Target ids → draft slots, −1 where the draft vocabulary has no slot."""
     s = drafter.to_draft(tokens)
-    if drafter._t2d is not None:
+    if drafter.vocab_map is not None:
         s = torch.where(s == drafter.draft_size - 1, torch.full_like(s, -1), s)
     return s
 
@@ -83,7 +83,7 @@ def block_forward(drafter: Any, batch: Batch) -> Targets:
     idx = (a0[..., None] + offs).clamp(max=n - 1)  # [S, N, γ] position a+j (teacher, prev token)
     nxt = (a0[..., None] + offs + 1).clamp(max=n - 1)  # [S, N, γ] label position a+j+1
     prev = _slots(drafter, batch.ids.gather(1, idx.reshape(S, -1))).reshape(S * N, g)  # [B, γ]
-    prev_in = prev.clamp_min(0) if drafter._t2d is None else torch.where(prev < 0, drafter.draft_size - 1, prev)
+    prev_in = prev.clamp_min(0) if drafter.vocab_map is None else torch.where(prev < 0, drafter.draft_size - 1, prev)
     conf = None
     if drafter.head is not None:
         U = drafter.head(prev_in, h, U)  # Ũ [B, γ, V_d]
