@@ -207,27 +207,37 @@ def test_training_raises_the_overlap(model, name, tmp_path):
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in log)
 
 
-def test_block_forward_matches_the_drafters_inference_logits(model):
-    """Teacher-forced training logits at block position 0 equal what draft() computes."""
+@pytest.mark.parametrize("name", ["dspark-gated", "dspark-rnn", "dflash", "eagle3"])
+def test_training_forward_equals_inference(model, name):
+    """On a sequence that continues with the drafter's own greedy drafts, teacher forcing feeds
+    exactly what inference fed: the training log-probabilities equal draft()'s at every position."""
     from dspark.protocols.drafter import DraftContext
-    from dspark.training.forward import Batch
+    from dspark.training.forward import Batch, eagle3_forward
     from dspark.types import SamplingParams
 
     seqs, _ = tiny_data()
-    d = make(model, "dspark-gated", seqs)
-    s = seqs[0]
-    f, ti, tl = teacher_forward(model, [s], d.target_layer_ids, 4)[0]
-    a = 12
-    batch = Batch(torch.tensor([s]), torch.tensor([len(s)]), torch.tensor([3]), f[None], ti[None], tl[None],
-                  torch.tensor([[a, 5]]))
+    d = make(model, name, seqs)
     with torch.no_grad():
-        t = block_forward(d, batch)
-    ctx = DraftContext(["r"], [torch.tensor(s[: a + 1])], [SamplingParams.greedy()], [torch.Generator()],
-                       features={"hidden": [f[:a]]})
+        for p in d.parameters():  # a trained-looking drafter: no zero W_up hiding the head
+            p.add_(0.05 * torch.randn_like(p))
+    prefix = seqs[0][:13]
+    f_prefix = teacher_forward(model, [prefix], d.target_layer_ids, 4)[0][0]
+    ctx = DraftContext(["r"], [torch.tensor(prefix)], [SamplingParams.greedy()], [torch.Generator()],
+                       features={"hidden": [f_prefix[:-1]]})
     blk = d.draft(ctx)
-    # position 0 of block 0: the anchor's own prediction, before any sequential-head input differs
-    U0 = blk.draft_logits[0, 0][d.draft_ids[:-1]]
-    torch.testing.assert_close(torch.log_softmax(U0, -1), t.logq[0, 0, :-1].log_softmax(-1), atol=1e-4, rtol=1e-4)
+    s = prefix + blk.tokens[0].tolist() + [0]
+    f, ti, tl = teacher_forward(model, [s], d.target_layer_ids, 4)[0]
+    a = len(prefix) - 1
+    batch = Batch(torch.tensor([s]), torch.tensor([len(s)]), torch.tensor([3]), f[None], ti[None], tl[None],
+                  torch.tensor([[a, 4]]))
+    with torch.no_grad():
+        t = (eagle3_forward if name == "eagle3" else block_forward)(d, batch)
+    slots = d.draft_ids[:-1] if d.vocab_map is not None else torch.arange(V)
+    want = torch.log_softmax(blk.draft_logits[0][:, slots], -1)  # [γ, V_d − 1]
+    got = t.logq[0][:, : slots.numel()].log_softmax(-1)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+    if t.conf_logits is not None:
+        torch.testing.assert_close(t.conf_logits[0], blk.confidence_logits[0], atol=2e-4, rtol=2e-4)
 
 
 def test_resume_replays_the_same_loss_curve(model, tmp_path):

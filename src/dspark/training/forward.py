@@ -12,8 +12,10 @@ one tensor op.
 
 Eagle3 (training-time test): step 0 runs the layer causally over the sequence with inputs
 W_in[emb(x_{t+1}); f_t]; step k ≥ 1 feeds W_in[emb(x_{t+k+1}); out_{k−1,t}] at position t+k and
-attends to step-0 keys at positions ≤ t plus its own chain's keys of steps 1..k (one diagonal
-each) — exactly what inference sees when the anchor is x_{t+1}. Step k at t predicts x_{t+k+2}.
+attends to step-0 keys at positions ≤ t plus its own chain's keys of steps 1..k — exactly what
+inference sees when the anchor is x_{t+1}. Step k at t predicts x_{t+k+2}. Chains start at the
+same sampled anchors as the block drafters' blocks (t = a − 1), so every drafter kind is trained on
+the same positions.
 """
 
 from __future__ import annotations
@@ -100,48 +102,53 @@ def block_forward(drafter: Any, batch: Batch) -> Targets:
 
 
 def eagle3_forward(drafter: Any, batch: Batch) -> Targets:
-    """Eagle3 unrolled γ steps over every position: B = S·(n−1) chains (the anchor x_{t+1})."""
+    """Eagle3 unrolled γ steps for the chains that start at the batch's anchors: B = S·N chains.
+
+    The chain anchored at x_a starts at t = a − 1. Step 0 runs causally over the whole sequence
+    (every position's K/V is context for later chains); steps ≥ 1 run for the N chains only, each
+    attending to step-0 keys at positions ≤ t and to its own keys of the earlier steps.
+    """
     S, n = batch.ids.shape
-    g, s = drafter.gamma, drafter.config.layer
+    N, g, s = batch.anchors.shape[1], drafter.gamma, drafter.config.layer
     layer = drafter.layer
-    T = n - 1  # chains t = 0..n−2 (anchor x_{t+1}, feature f_t)
-    t = torch.arange(T)
+    T = n - 1  # step-0 positions t = 0..n−2 (input x_{t+1}, feature f_t)
+    t_all = torch.arange(T)
     f = drafter.fuse(batch.feats[:, :T].to(drafter.fuse.weight.dtype))  # [S, T, d]
-    empty_k = f.new_zeros(S, s.num_kv_heads, 0, s.head_dim)
-    empty_mask = torch.zeros(S, 0, dtype=torch.bool)
-    keys, values, outs = [], [], []
     z = drafter._inputs(batch.ids[:, 1:], f)  # [S, T, d]
-    causal = t[None, :] <= t[:, None]  # [T, T] query t sees key t' ≤ t
-    diag = torch.eye(T, dtype=torch.bool)
+    empty_k = f.new_zeros(S, s.num_kv_heads, 0, s.head_dim)
+    causal = (t_all[None, :] <= t_all[:, None]).expand(S, T, T)  # [S, T, T]
+    out0, k0, v0 = layer(z, t_all[None].expand(S, T), empty_k, empty_k, None, return_kv=True, attn_mask=causal)
+    t = batch.anchors - 1  # [S, N] chain start
+    has = t >= 0
+    t0 = t.clamp(0, T - 1)
+    pick = t0[..., None].expand(S, N, out0.shape[-1])
+    out = out0.gather(1, pick)  # [S, N, d] step-0 output of each chain
+    ctx_seen = t_all[None, None, :] <= t0[..., None]  # [S, N, T] step-0 keys a chain may see
+    eye = torch.eye(N, dtype=torch.bool).expand(S, N, N)
+    keys, values = [k0], [v0]
     logqs, labels, p_ids, p_logp, valids = [], [], [], [], []
     for step in range(g):
-        pos = (t + step)[None].expand(S, T)  # [S, T]
-        if step == 0:
-            mask = torch.cat([empty_mask[:, None, :].expand(S, T, 0), causal.expand(S, T, T)], -1)
-            out, k, v = layer(z, pos, empty_k, empty_k, empty_mask, return_kv=True, attn_mask=mask)
-        else:
-            parts = [causal] + [diag] * (step - 1) + [diag]  # step-0 keys, chain keys 1..step−1, own
-            mask = torch.cat(parts, dim=-1).expand(S, T, -1)  # [S, T, (step+1)·T]
-            out, k, v = layer(z, pos, torch.cat(keys, 2), torch.cat(values, 2), None,
+        if step > 0:
+            nxt_tok = batch.ids.gather(1, (t0 + step + 1).clamp(max=n - 1))  # x_{t+step+1} (teacher forcing)
+            z = drafter._inputs(nxt_tok, out)  # [S, N, d]
+            mask = torch.cat([ctx_seen] + [eye] * step, dim=-1)  # [S, N, T + step·N]
+            out, k, v = layer(z, t0 + step, torch.cat(keys, 2), torch.cat(values, 2), None,
                               return_kv=True, attn_mask=mask)
-        keys.append(k)
-        values.append(v)
-        h = drafter.norm(out)  # [S, T, d]
-        logqs.append(torch.log_softmax(drafter.logits(h).float(), dim=-1))  # [S, T, V_d]
-        lab_pos = (t + step + 2).clamp(max=n - 1)  # x_{t+step+2}
-        tea_pos = (t + step + 1).clamp(max=n - 1)  # p at t+step+1
-        labels.append(batch.ids[:, lab_pos])
-        p_ids.append(batch.top_ids[:, tea_pos])
-        p_logp.append(batch.top_logp[:, tea_pos])
-        # the label must exist and lie in the response; anchors x_{t+1} from the last prompt token on
-        valids.append((t + step + 2 < batch.lengths[:, None]) & (t[None] + 1 >= batch.prompt_lens[:, None] - 1))
-        if step + 1 < g:
-            nxt_tok = batch.ids[:, (t + step + 2).clamp(max=n - 1)]  # x_{t+step+2} (teacher forcing)
-            z = drafter._inputs(nxt_tok, out)
+            keys.append(k)
+            values.append(v)
+        h = drafter.norm(out)  # [S, N, d]
+        logqs.append(torch.log_softmax(drafter.logits(h).float(), dim=-1))  # [S, N, V_d]
+        lab_pos = (t0 + step + 2).clamp(max=n - 1)  # x_{t+step+2}
+        tea_pos = (t0 + step + 1).clamp(max=n - 1)  # p at t+step+1
+        labels.append(batch.ids.gather(1, lab_pos))
+        kk = batch.top_ids.shape[-1]
+        p_ids.append(batch.top_ids.gather(1, tea_pos[..., None].expand(S, N, kk)))
+        p_logp.append(batch.top_logp.gather(1, tea_pos[..., None].expand(S, N, kk)))
+        valids.append(has & (t0 + step + 2 < batch.lengths[:, None]))
     V = logqs[0].shape[-1]
-    logq = torch.stack(logqs, 2).reshape(S * T, g, V)
-    label = _slots(drafter, torch.stack(labels, 2).reshape(S * T, g))
-    ids = torch.stack(p_ids, 2).reshape(S * T, g, -1)
-    p_top = torch.stack(p_logp, 2).reshape(S * T, g, -1).exp()
-    valid = torch.stack(valids, 2).reshape(S * T, g)
+    logq = torch.stack(logqs, 2).reshape(S * N, g, V)
+    label = _slots(drafter, torch.stack(labels, 2).reshape(S * N, g))
+    ids = torch.stack(p_ids, 2).reshape(S * N, g, -1)
+    p_top = torch.stack(p_logp, 2).reshape(S * N, g, -1).exp()
+    valid = torch.stack(valids, 2).reshape(S * N, g)
     return Targets(logq, label, _slots(drafter, ids), p_top, valid, None)

@@ -243,7 +243,7 @@ class Trainer:
         per_rank = G // self.world
         mine = list(range(self.rank * per_rank, (self.rank + 1) * per_rank))
         micro = per_rank // cfg.grad_accum
-        norm = float(G * (cfg.anchors_per_seq if self.drafter.config.kind != "eagle3" else 1))
+        norm = float(G * cfg.anchors_per_seq)  # blocks (Eagle3: chains) in the global batch
         for g in self.opt.param_groups:
             g["lr"] = lr_at(cfg, self.step)
         self.opt.zero_grad(set_to_none=True)
