@@ -41,6 +41,9 @@ def drafter_for(target, name):
         return dspark.get_drafter("ngram", vocab_size=V, gamma=4)
     kind, _, head = name.partition(":")
     cfg = {"gamma": 4}
+    if kind.endswith("-dv"):  # reduced draft vocabulary: target ids 0..9 only (10..15 never drafted)
+        kind = kind.removesuffix("-dv")
+        cfg["draft_vocab_size"] = 11
     if kind == "dspark":
         cfg.update(head=head, rank=8, num_layers=2)
     elif kind == "dflash":
@@ -52,7 +55,8 @@ def drafter_for(target, name):
     return d
 
 
-DRAFTERS = ["ngram", "dspark:vanilla-markov", "dspark:gated-markov", "dspark:rnn", "dflash", "eagle3"]
+DRAFTERS = ["ngram", "dspark:vanilla-markov", "dspark:gated-markov", "dspark:rnn", "dflash", "eagle3",
+            "dspark-dv:gated-markov", "eagle3-dv"]
 SCHEDULERS = {
     "full": ("full", {}),
     "fixed-1": ("fixed", {"k": 1}),
