@@ -3,11 +3,12 @@
 # Same data, same batches, same number of optimizer steps for every drafter; each step is one
 # global batch of SEQS sequences. Resumable: re-running skips finished runs and resumes
 # interrupted ones from RUNS/<name>/state.pt.
-#   bash scripts/train_smollm2.sh [RUNS=/work/runs] [STEPS=...]
+#   RUNS=runs bash scripts/train_smollm2.sh          (ONLY="dflash eagle3" trains a subset, e.g. to
+#                                                     run two queues side by side with OMP_NUM_THREADS=1)
 set -euo pipefail
 RUNS=${RUNS:-runs}
 DATA=${DATA:-$RUNS/data}
-STEPS=${STEPS:-600}
+STEPS=${STEPS:-1500}
 SEQS=${SEQS:-8}
 COMMON=(--data "$DATA" --steps "$STEPS" --seqs-per-step "$SEQS" --anchors 32 --gamma 7 --num-layers 1
         --draft-vocab 4096 --lr 1e-3 --dtype "${DTYPE:-bfloat16}" --checkpoint-every 25 --save-dtype int8)
@@ -16,7 +17,11 @@ COMMON=(--data "$DATA" --steps "$STEPS" --seqs-per-step "$SEQS" --anchors 32 --g
 [ -f "$DATA/train.jsonl" ] || dspark data --out "$DATA" --per-domain 600 --concurrency 48 --max-new-tokens 128
 
 # 2. drafters (the first run also builds the teacher-feature cache in $DATA/features)
-train() { local name=$1; shift; [ -f "$RUNS/$name/checkpoint/config.json" ] || dspark train --out "$RUNS/$name" "${COMMON[@]}" "$@"; }
+train() {
+  local name=$1; shift
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
+  [ -f "$RUNS/$name/checkpoint/config.json" ] || dspark train --out "$RUNS/$name" "${COMMON[@]}" "$@"
+}
 train dspark-gated   --kind dspark --head gated-markov   --rank 128
 train dspark-vanilla --kind dspark --head vanilla-markov --rank 128
 train dspark-rnn     --kind dspark --head rnn            --rank 128
@@ -24,7 +29,7 @@ train dflash         --kind dflash
 train eagle3         --kind eagle3
 
 # 3. STS calibration on half of the held-out prompts (reported on the other half)
-for name in dspark-gated dspark-vanilla dspark-rnn dflash eagle3; do
+for name in ${ONLY:-dspark-gated dspark-vanilla dspark-rnn dflash eagle3}; do
   [ -f "$RUNS/$name/checkpoint/calibration.json" ] || \
     dspark calibrate "$RUNS/$name/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --per-domain 16 --quiet
 done

@@ -10,8 +10,16 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import dspark
 from dspark.data.prompts import (
-    DOMAINS, Prompt, builtin_prompts, chat_prompts, code_prompts, is_heldout, jsonl_prompts, math_prompts,
-    prompt_hash, split,
+    DOMAINS,
+    Prompt,
+    builtin_prompts,
+    chat_prompts,
+    code_prompts,
+    is_heldout,
+    jsonl_prompts,
+    math_prompts,
+    prompt_hash,
+    split,
 )
 from dspark.data.selfdistill import generate_records, read_records
 from dspark.engine import Engine

@@ -17,8 +17,15 @@ from dspark.drafters.checkpoint import from_pretrained, save_pretrained
 from dspark.training.forward import block_forward
 from dspark.training.losses import analytic_tau, block_losses, position_weights, teacher_overlap
 from dspark.training.run import build_for_target
-from dspark.training.teacher import FeatureCache, build_feature_cache, teacher_forward
-from dspark.training.trainer import TrainConfig, TrainData, Trainer, global_batch, lr_at, sample_anchors
+from dspark.training.teacher import build_feature_cache, teacher_forward
+from dspark.training.trainer import (
+    TrainConfig,
+    TrainData,
+    Trainer,
+    global_batch,
+    lr_at,
+    sample_anchors,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 48

@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import dspark
 from dspark.cost_models import SPSTableCostModel
 from dspark.models import cache_kwarg, crop_cache, load_causal_lm
 from dspark.sampling import probs_from_logits, sample
@@ -177,9 +176,9 @@ def run_demo(args: argparse.Namespace) -> int:
     for rep in range(args.repeats):
         sums = dict.fromkeys(totals, 0.0)
         for p, x in zip(prompts, ids):
-            ref, t_hf = _timed(lambda: plain_generate(model, x, args.max_new_tokens, eos))
-            (cp,), t_plain = _timed(lambda: plain_engine.generate([x], greedy, args.max_new_tokens, progress=False))
-            (cs,), t_spec = _timed(lambda: spec_engine.generate([x], greedy, args.max_new_tokens, progress=False))
+            ref, t_hf = _timed(lambda x=x: plain_generate(model, x, args.max_new_tokens, eos))
+            (cp,), t_plain = _timed(lambda x=x: plain_engine.generate([x], greedy, args.max_new_tokens, progress=False))
+            (cs,), t_spec = _timed(lambda x=x: spec_engine.generate([x], greedy, args.max_new_tokens, progress=False))
             sums["hf_generate"] += t_hf * args.max_new_tokens / max(len(ref), 1)  # per token budget
             sums["engine_plain"] += t_plain * args.max_new_tokens / max(len(cp.output_ids), 1)
             sums["engine_dspark"] += t_spec * args.max_new_tokens / max(len(cs.output_ids), 1)

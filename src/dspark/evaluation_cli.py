@@ -68,11 +68,11 @@ def _target(args: Any) -> Any:
 
 
 def run_calibrate(args: Any) -> int:
+    import torch
+
     from dspark.evaluation import collect_rounds, evaluate_rounds, fit_sts_from_rounds, save_json
     from dspark.metrics import survival_labels, verified_mask
     from dspark.plotting import reliability_diagram
-
-    import torch
 
     target = _target(args)
     label, drafter, _ = load_drafter_spec(args.checkpoint, target)

@@ -16,7 +16,6 @@ import attrs
 import torch
 
 from dspark.drafters.vocab import NEG
-
 from dspark.protocols.drafter import DraftContext
 from dspark.types import SamplingParams
 
