@@ -40,6 +40,11 @@ def test_builtin_sources_are_deterministic_distinct_and_per_domain():
         assert {p.domain for p in ps} == {dom}
     assert any("def " in p.text for p in code_prompts(300))  # completion prompts from stdlib docs
     assert {p.domain for p in builtin_prompts(5)} == set(DOMAINS)
+    # documentation shipped inside an installed PyPI package is a prompt source too
+    pkg = code_prompts(30, modules=["attrs", "tqdm"])
+    assert pkg and any("attrs." in p.text or "tqdm." in p.text for p in pkg)
+    with pytest.raises(ValueError, match="no_such_module"):
+        code_prompts(5, modules=["no_such_module"])
 
 
 def test_heldout_split_is_by_hash_and_disjoint():

@@ -168,6 +168,8 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-domain", type=int, default=600, help="built-in prompts per domain (math, code, chat)")
     p.add_argument("--prompts", action="append", help="JSONL prompt file (repeatable): {prompt, domain?}")
     p.add_argument("--no-builtin", action="store_true", help="only the --prompts files")
+    p.add_argument("--code-modules", help="comma-separated importable modules whose documented functions become "
+                   "code prompts (default: a set of standard-library modules), e.g. numpy,torch.nn.functional")
     p.add_argument("--eval-fraction", type=float, default=0.1)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

@@ -21,7 +21,8 @@ def run_data(args: Any) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = [] if args.no_builtin else builtin_prompts(args.per_domain, args.seed)
+    modules = [m.strip() for m in args.code_modules.split(",") if m.strip()] if args.code_modules else None
+    prompts = [] if args.no_builtin else builtin_prompts(args.per_domain, args.seed, code_modules=modules)
     for f in args.prompts or ():
         prompts.extend(jsonl_prompts(f))
     if not prompts:
@@ -39,7 +40,8 @@ def run_data(args: Any) -> int:
     engine = Engine(load_target(args.model, dtype), None, seed=args.seed)
     meta = {"model": args.model, "dtype": args.dtype, "temperature": args.temperature, "top_p": args.top_p,
             "max_new_tokens": args.max_new_tokens, "eval_fraction": args.eval_fraction, "seed": args.seed,
-            "per_domain": args.per_domain, "prompt_files": list(args.prompts or ())}
+            "per_domain": args.per_domain, "prompt_files": list(args.prompts or ()),
+            "code_modules": modules or "stdlib"}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     n_tok = 0
     with data.open("a", encoding="utf-8") as fh:

@@ -4,7 +4,8 @@ Every source yields :class:`Prompt` values. Nothing is fetched from a network:
 
 * ``math``  — arithmetic word problems generated from templates with seeded numbers and names;
 * ``code``  — code-completion and explanation prompts built from *documented* functions of the
-  Python standard library (their signatures and the first sentence of their docstrings);
+  Python standard library, or of installed PyPI packages (their signatures and the first sentence
+  of their docstrings);
 * ``chat``  — everyday assistant requests built from task templates × topics;
 * ``jsonl`` — the user's own files: one object per line with a ``prompt`` (or ``messages``) field
   and an optional ``domain``.
@@ -125,14 +126,14 @@ _CODE_MODULES = ["string", "textwrap", "itertools", "functools", "collections", 
                  "gzip", "zipfile", "hashlib", "colorsys", "shlex", "posixpath", "keyword", "dataclasses"]
 
 
-def _documented_functions() -> list[tuple[str, str, str, str]]:
+def _documented_functions(modules: Iterable[str] = _CODE_MODULES) -> list[tuple[str, str, str, str]]:
     """(module, name, signature, first docstring sentence) for documented public functions."""
     rows = []
-    for modname in _CODE_MODULES:
+    for modname in modules:
         try:
             mod = importlib.import_module(modname)
-        except ImportError:  # pragma: no cover - stdlib modules are always there
-            continue
+        except ImportError as exc:
+            raise ValueError(f"cannot build code prompts from module {modname!r}: {exc}") from None
         for name, obj in sorted(vars(mod).items()):
             if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
                 continue
@@ -148,9 +149,11 @@ def _documented_functions() -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def code_prompts(n: int, seed: int = 0) -> list[Prompt]:
-    """Up to ``n`` code prompts from standard-library functions (three phrasings each)."""
-    rows = _documented_functions()
+def code_prompts(n: int, seed: int = 0, modules: Iterable[str] | None = None) -> list[Prompt]:
+    """Up to ``n`` code prompts from documented functions (three phrasings each): of the standard
+    library by default, or of any importable ``modules`` — e.g. the documentation shipped inside
+    installed PyPI packages (``["numpy", "torch.nn.functional"]``)."""
+    rows = _documented_functions(modules if modules is not None else _CODE_MODULES)
     out = []
     for modname, name, sig, doc in rows:
         out.append(Prompt(f"Write a Python function `{name}{sig}` that does the following: {doc}", "code"))
@@ -227,9 +230,10 @@ def jsonl_prompts(path: str | Path, default_domain: str = "user") -> Iterator[Pr
             yield Prompt(text, str(row.get("domain") or default_domain))
 
 
-def builtin_prompts(per_domain: int, seed: int = 0, domains: Iterable[str] = DOMAINS) -> list[Prompt]:
+def builtin_prompts(per_domain: int, seed: int = 0, domains: Iterable[str] = DOMAINS,
+                    code_modules: Iterable[str] | None = None) -> list[Prompt]:
     """The built-in mix: ``per_domain`` prompts from each of the generated sources."""
-    makers = {"math": math_prompts, "code": code_prompts, "chat": chat_prompts}
+    makers = {"math": math_prompts, "code": lambda n, s: code_prompts(n, s, code_modules), "chat": chat_prompts}
     out = []
     for d in domains:
         if d not in makers:
