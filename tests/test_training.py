@@ -352,3 +352,16 @@ def test_ddp_two_processes_equal_one(tmp_path):
     wb = load_file(str(tmp_path / "two" / "checkpoint" / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
+
+
+def test_train_cli_bad_input_is_one_line(tmp_path, capsys):
+    from dspark.cli import main
+
+    assert main(["train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist (build it with `dspark data`)" in err and "Traceback" not in err
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "train.jsonl").write_text('{"key": "k", "domain": "d", "prompt": "p", "prompt_ids": [1, 2], '
+                                                '"response_ids": [3]}\n')
+    assert main(["train", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "o")]) == 2
+    assert "no usable training sequences" in capsys.readouterr().err

@@ -81,10 +81,10 @@ def run_train(args: Any) -> int:
 
     rank, world = _dist()
     torch.manual_seed(args.seed)
+    seqs, pls = load_training_sequences(args.data, args.max_seq_len)  # bad data fails before the model loads
     model, _ = load_causal_lm(args.model, torch.float32)
     for p in model.parameters():
         p.requires_grad_(False)
-    seqs, pls = load_training_sequences(args.data, args.max_seq_len)
     config: dict[str, Any] = {"gamma": args.gamma, "num_layers": args.num_layers}
     if args.kind == "dspark":
         config.update(head=args.head, rank=args.rank, confidence=True)
