@@ -93,3 +93,25 @@ def test_greedy_loop_matches_target_on_code_prompt(smollm2, prior):
         assert sum(st.verified) > 0, "sps-greedy verified no draft at a confident prior"
         assert sum(st.accepted) > 0, "the code prompt's n-gram drafts were never accepted"
         assert st.rounds < len(out)
+
+
+def test_calibrate_and_eval_clis_on_the_shipped_drafter(tmp_path):
+    """`dspark calibrate` and `dspark eval` end to end on the real target (tiny budgets)."""
+    from dspark.cli import main
+
+    out = tmp_path / "cal"
+    assert main(["calibrate", "dspark-rnn", "--out", str(out), "--per-domain", "2", "--max-new-tokens", "12",
+                 "--quiet"]) == 0
+    cal = json.loads((out / "calibration.json").read_text())
+    assert len(cal["temperatures"]) == 7
+    rep = json.loads((out / "calibration_report.json").read_text())
+    assert set(rep["overall"]) >= {"raw", "calibrated", "tau"} and (out / "reliability.png").is_file()
+    ev = tmp_path / "eval"
+    assert main(["eval", "--drafter", "dflash", "--drafter", "ngram", "--per-domain", "1", "--max-new-tokens", "12",
+                 "--temperature", "0", "1", "--out", str(ev), "--quiet"]) == 0
+    res = json.loads((ev / "eval.json").read_text())
+    assert set(res["runs"]) == {"dflash@T=0.0", "ngram@T=0.0", "dflash@T=1.0", "ngram@T=1.0"}
+    for r in res["runs"].values():
+        assert set(r["domains"]) == {"math", "code", "chat"} and r["overall"]["tau"] >= 1.0
+        assert len(r["overall"]["threshold_sweep"]) == 19
+    assert (ev / "acceptance.png").is_file() and "Conditional acceptance" in (ev / "eval.md").read_text()
