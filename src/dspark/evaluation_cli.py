@@ -85,7 +85,9 @@ def run_calibrate(args: Any) -> int:
     fit_r = collect_rounds(target, drafter, fit_p, sampling, **kw)
     test_r = collect_rounds(target, drafter, test_p, sampling, **kw)
     cal = fit_sts_from_rounds(fit_r)
-    out = Path(args.out or Path(args.checkpoint.partition("=")[2] or args.checkpoint))
+    from dspark.checkpoints import resolve_checkpoint
+
+    out = Path(args.out) if args.out else resolve_checkpoint(args.checkpoint.partition("=")[2] or args.checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     cal.save(out / "calibration.json")
     report = evaluate_rounds(test_r, cal)
