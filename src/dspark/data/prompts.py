@@ -205,29 +205,34 @@ def chat_prompts(n: int, seed: int = 0) -> list[Prompt]:
 # --------------------------------------------------------------------------------------------
 
 
+def jsonl_lines(path: str | Path, missing: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of the non-blank lines of a JSONL file; FileNotFoundError(missing)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(missing)
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                yield lineno, line
+
+
 def jsonl_prompts(path: str | Path, default_domain: str = "user") -> Iterator[Prompt]:
     """Prompts from a JSONL file: ``{"prompt": str, "domain"?: str}`` or ``{"messages": [...]}``
     (the last user message is the prompt)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist")
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: each line must be a JSON object")
-            text = row.get("prompt")
-            if text is None and isinstance(row.get("messages"), list):
-                users = [m.get("content") for m in row["messages"] if isinstance(m, dict) and m.get("role") == "user"]
-                text = users[-1] if users else None
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"{path}:{lineno}: needs a non-empty 'prompt' string (or user 'messages')")
-            yield Prompt(text, str(row.get("domain") or default_domain))
+    for lineno, line in jsonl_lines(path, f"prompt file {path} does not exist"):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{lineno}: each line must be a JSON object")
+        text = row.get("prompt")
+        if text is None and isinstance(row.get("messages"), list):
+            users = [m.get("content") for m in row["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+            text = users[-1] if users else None
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{path}:{lineno}: needs a non-empty 'prompt' string (or user 'messages')")
+        yield Prompt(text, str(row.get("domain") or default_domain))
 
 
 def builtin_prompts(per_domain: int, seed: int = 0, domains: Iterable[str] = DOMAINS,

@@ -47,25 +47,21 @@ class Record:
 
 def read_records(path: str | Path) -> list[Record]:
     """Every record of a data file, with errors naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"training data {path} does not exist (build it with `dspark data`)")
+    from dspark.data.prompts import jsonl_lines
+
     out = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                rec = Record(row["key"], row["domain"], row["prompt"], tuple(row["prompt_ids"]),
-                             tuple(row["response_ids"]), row.get("finish_reason"), float(row.get("temperature", 0.0)))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                if lineno > 1 and not line.endswith("\n"):
-                    break  # a torn last line from an interrupted run: ignore it
-                raise ValueError(f"{path}:{lineno}: not a dspark data record ({exc!r})") from None
-            if not rec.prompt_ids or not all(isinstance(t, int) for t in rec.ids):
-                raise ValueError(f"{path}:{lineno}: prompt_ids/response_ids must be non-empty integer lists")
-            out.append(rec)
+    for lineno, line in jsonl_lines(path, f"training data {path} does not exist (build it with `dspark data`)"):
+        try:
+            row = json.loads(line)
+            rec = Record(row["key"], row["domain"], row["prompt"], tuple(row["prompt_ids"]),
+                         tuple(row["response_ids"]), row.get("finish_reason"), float(row.get("temperature", 0.0)))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            if lineno > 1 and not line.endswith("\n"):
+                break  # a torn last line from an interrupted run: ignore it
+            raise ValueError(f"{path}:{lineno}: not a dspark data record ({exc!r})") from None
+        if not rec.prompt_ids or not all(isinstance(t, int) for t in rec.ids):
+            raise ValueError(f"{path}:{lineno}: prompt_ids/response_ids must be non-empty integer lists")
+        out.append(rec)
     return out
 
 
