@@ -14,7 +14,7 @@ import math
 import shutil
 from pathlib import Path
 
-DRAFTERS = ["dspark-gated", "dspark-vanilla", "dspark-rnn", "dflash", "eagle3"]
+DRAFTERS = ["dspark-gated", "dspark-vanilla", "dspark-rnn", "dflash", "eagle3", "dspark-gated-long"]
 
 
 def fmt(v, pct=False, digits=3):
@@ -37,7 +37,8 @@ def main() -> None:
     out = ["# Results: trained drafters for SmolLM2-135M-Instruct on a 2-core CPU", ""]
 
     # -- training settings --------------------------------------------------------------------
-    out += ["## Training (same data, same batches, same number of steps for every drafter)", "",
+    out += ["## Training (same data, same batches, same number of steps for every drafter; "
+            "`dspark-gated-long` is dspark-gated continued to 3× the steps, outside the comparison)", "",
             "| drafter | head | rank | steps | global batch | anchors/seq | draft vocab | layers | γ | final analytic τ | wall-clock |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     commands = []

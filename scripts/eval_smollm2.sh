@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Evaluate the SmolLM2 drafters trained by scripts/train_smollm2.sh, ship them, and write
+# docs/results.md (docs/results.md quotes these commands).
+#   RUNS=runs bash scripts/eval_smollm2.sh
+set -euo pipefail
+RUNS=${RUNS:-runs}
+NAMES="dspark-gated dspark-vanilla dspark-rnn dflash eagle3 dspark-gated-long"
+SHIP=src/dspark/checkpoints/smollm2-135m
+
+# 1. ship: weights, config, calibration and the training record of every finished run
+for name in $NAMES; do
+  ck="$RUNS/$name/checkpoint"
+  [ -f "$ck/calibration.json" ] || dspark calibrate "$ck" --prompts "$RUNS/data/eval_prompts.jsonl" --per-domain 16 --quiet
+  mkdir -p "$SHIP/$name"
+  cp "$ck"/{config.json,model.safetensors,calibration.json,calibration_report.md} "$SHIP/$name/"
+  cp "$RUNS/$name/train.json" "$SHIP/$name/"
+done
+cp "$RUNS/data/eval_prompts.jsonl" "$SHIP/"
+
+# 2. the paper's metrics on the held-out prompts, greedy and T = 1 (resumable: finished runs are kept)
+args=()
+for name in $NAMES; do args+=(--drafter "$name=$SHIP/$name"); done
+dspark eval "${args[@]}" --drafter ngram --temperature 0 1 --per-domain 12 --max-new-tokens 96 \
+  --out "$RUNS/eval" --quiet
+
+# 3. the README main job, then the results page
+dspark demo --drafter dspark-gated-long --out out/demo
+python scripts/results_smollm2.py --runs "$RUNS" --eval "$RUNS/eval" --demo out/demo
