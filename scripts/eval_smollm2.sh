@@ -10,7 +10,7 @@ SHIP=src/dspark/checkpoints/smollm2-135m
 # 1. ship: weights, config, calibration and the training record of every finished run
 for name in $NAMES; do
   ck="$RUNS/$name/checkpoint"
-  [ -f "$ck/calibration.json" ] || dspark calibrate "$ck" --prompts "$RUNS/data/eval_prompts.jsonl" --per-domain 16 --quiet
+  [ -f "$ck/calibration.json" ] || dspark calibrate "$ck" --prompts "$RUNS/data/eval_prompts.jsonl" --quiet
   mkdir -p "$SHIP/$name"
   cp "$ck"/{config.json,model.safetensors,calibration.json,calibration_report.md} "$SHIP/$name/"
   cp "$RUNS/$name/train.json" "$SHIP/$name/"

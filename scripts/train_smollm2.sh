@@ -28,8 +28,21 @@ train dspark-rnn     --kind dspark --head rnn            --rank 128
 train dflash         --kind dflash
 train eagle3         --kind eagle3
 
-# 3. STS calibration on half of the held-out prompts (reported on the other half)
+# 3. STS calibration: 40 held-out prompts per domain after the 12 that `dspark eval` uses, fitted on
+#    half of them (by hash) and reported on the other half
 for name in ${ONLY:-dspark-gated dspark-vanilla dspark-rnn dflash eagle3}; do
   [ -f "$RUNS/$name/checkpoint/calibration.json" ] || \
-    dspark calibrate "$RUNS/$name/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --per-domain 16 --quiet
+    dspark calibrate "$RUNS/$name/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
 done
+
+# 4. the main job's drafter: dspark-gated continued to 3× the steps (the cosine schedule re-spread
+#    over 4500 steps from dspark-gated's step-1500 state); outside the equal-budget comparison
+if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" dspark-gated-long "* ]]; then
+  if [ ! -f "$RUNS/dspark-gated-long/checkpoint/config.json" ]; then
+    mkdir -p "$RUNS/dspark-gated-long"
+    [ -f "$RUNS/dspark-gated-long/state.pt" ] || cp "$RUNS/dspark-gated/state.pt" "$RUNS/dspark-gated-long/"
+    dspark train --out "$RUNS/dspark-gated-long" "${COMMON[@]/$STEPS/4500}" --kind dspark --head gated-markov --rank 128
+  fi
+  [ -f "$RUNS/dspark-gated-long/checkpoint/calibration.json" ] || \
+    dspark calibrate "$RUNS/dspark-gated-long/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
+fi

@@ -12,9 +12,10 @@ __all__ = ["run_calibrate", "run_eval", "load_drafter_spec", "eval_prompts"]
 THRESHOLDS = [round(0.05 * i, 2) for i in range(1, 20)]
 
 
-def eval_prompts(path: str | None, per_domain: int) -> list[Any]:
+def eval_prompts(path: str | None, per_domain: int, skip: int = 0) -> list[Any]:
     """Held-out prompts (a ``dspark data`` eval_prompts.jsonl; default: the shipped ones), at most
-    ``per_domain`` per domain, in a stable order."""
+    ``per_domain`` per domain in a stable order (by prompt hash), after the first ``skip`` of each
+    domain — calibration skips the prompts evaluation uses, so the two never share a prompt."""
     from dspark.data.selfdistill import read_prompts
 
     if path is None:
@@ -24,8 +25,9 @@ def eval_prompts(path: str | None, per_domain: int) -> list[Any]:
     prompts = read_prompts(path)
     out, seen = [], {}
     for p in sorted(prompts, key=lambda p: p.key):
-        if seen.get(p.domain, 0) < per_domain:
-            seen[p.domain] = seen.get(p.domain, 0) + 1
+        k = seen.get(p.domain, 0)
+        seen[p.domain] = k + 1
+        if skip <= k < skip + per_domain:
             out.append(p)
     if not out:
         raise ValueError(f"{path} holds no prompts")
@@ -40,7 +42,8 @@ def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
 
     label, _, path = spec.partition("=")
     if not path:
-        label, path = Path(spec).name or spec, spec
+        p = Path(spec)
+        label, path = (p.parent.name if p.name == "checkpoint" else p.name) or spec, spec
     if path == "ngram":
         return label, dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=7), None
     from dspark.checkpoints import resolve_checkpoint
@@ -76,7 +79,7 @@ def run_calibrate(args: Any) -> int:
 
     target = _target(args)
     label, drafter, _ = load_drafter_spec(args.checkpoint, target)
-    prompts = eval_prompts(args.prompts, args.per_domain)
+    prompts = eval_prompts(args.prompts, args.per_domain, skip=args.skip)
     # fit on half of the held-out prompts, report on the other half (split by prompt hash)
     fit_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 0]
     test_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 1]
