@@ -142,3 +142,16 @@ def test_threshold_sweep_counts():
     acc = torch.tensor([1, 3])
     (s,) = threshold_sweep(a, acc, [0.5])
     assert s["verified"] == 3 and s["accepted"] == 1 + 1 and s["rejected_verified"] == 1
+
+
+def test_calibration_prompts_skip_the_evaluation_prompts(tmp_path):
+    from dspark.data.selfdistill import write_prompts
+    from dspark.evaluation_cli import eval_prompts
+
+    f = tmp_path / "eval_prompts.jsonl"
+    write_prompts(f, builtin_prompts(6))
+    evaluation = eval_prompts(str(f), 2)
+    calibration = eval_prompts(str(f), 3, skip=2)
+    assert len(evaluation) == 6 and len(calibration) == 9
+    assert not {p.key for p in evaluation} & {p.key for p in calibration}
+    assert eval_prompts(str(f), 2) == evaluation  # stable order
