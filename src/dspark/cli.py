@@ -260,6 +260,8 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="checkpoint folder or shipped drafter name")
     p.add_argument("--out", help="folder for calibration.json and the report (default: the checkpoint)")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--objective", default="ece", choices=["ece", "brier"],
+                   help="STS fit: per-position survival ECE (paper) or Brier score")
     p.add_argument("--skip", type=int, default=12,
                    help="skip the first N prompts of each domain: the ones `dspark eval --per-domain N` uses")
     _eval_common(p)

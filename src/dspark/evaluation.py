@@ -124,10 +124,16 @@ def threshold_sweep(a: torch.Tensor, accepted: torch.Tensor, thresholds: Sequenc
     return out
 
 
-def fit_sts_from_rounds(rounds: Rounds) -> Any:
+def fit_sts_from_rounds(rounds: Rounds, objective: str = "ece") -> Any:
+    """STS on ``rounds``: T_j by survival ECE (the paper's objective, Brier breaks ECE ties) or by
+    Brier score alone (``objective="brier"``: a proper scoring rule, less prone to fitting the
+    bin noise of a small calibration set)."""
     import dspark
 
-    return dspark.get_calibrator("sts").fit(rounds.confidence_logits, rounds.accepted, rounds.verified)
+    if objective not in ("ece", "brier"):
+        raise ValueError(f"objective must be 'ece' or 'brier', got {objective!r}")
+    sts = dspark.get_calibrator("sts", **({"ece_tolerance": 1.0} if objective == "brier" else {}))
+    return sts.fit(rounds.confidence_logits, rounds.accepted, rounds.verified)
 
 
 def _summary(r: Rounds) -> dict[str, Any]:

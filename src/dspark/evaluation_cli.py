@@ -87,12 +87,13 @@ def run_calibrate(args: Any) -> int:
     kw = dict(max_new_tokens=args.max_new_tokens, concurrency=args.concurrency, progress=not args.quiet)
     fit_r = collect_rounds(target, drafter, fit_p, sampling, **kw)
     test_r = collect_rounds(target, drafter, test_p, sampling, **kw)
-    cal = fit_sts_from_rounds(fit_r)
+    cal = fit_sts_from_rounds(fit_r, objective=args.objective)
     from dspark.checkpoints import resolve_checkpoint
 
     out = Path(args.out) if args.out else resolve_checkpoint(args.checkpoint.partition("=")[2] or args.checkpoint)
     out.mkdir(parents=True, exist_ok=True)
     cal.save(out / "calibration.json")
+    save_json({"fit": fit_r.to_dict(), "test": test_r.to_dict()}, out / "calibration_rounds.json")  # refits need no rerun
     report = evaluate_rounds(test_r, cal)
     report.update({"drafter": label, "fit_rounds": len(fit_r.domain), "test_rounds": len(test_r.domain),
                    "temperatures": list(cal.to_dict()["temperatures"]),
