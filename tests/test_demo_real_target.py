@@ -35,7 +35,7 @@ def test_demo_cli_end_to_end(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 0, f"dspark demo exited {rc}:\n{captured.err[-2000:]}"
     result = json.loads((tmp_path / "demo.json").read_text())
-    assert result["all_identical"] is True and result["drafter"] == "dspark-gated"
+    assert result["all_identical"] is True and result["drafter"] == "dspark-gated-long"
     rows = result["greedy_identity_fp32"]
     assert {r["domain"] for r in rows} == {"math", "code", "chat"}
     for r in rows:

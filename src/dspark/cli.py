@@ -64,7 +64,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
         "with the target (fp32), a sampling-distribution check, and the wall-clock speed-up over the "
         "best plain decode at concurrency 1 (bf16), measured side by side."
     )
-    p.add_argument("--drafter", default="dspark-gated", help="shipped drafter name or checkpoint folder")
+    p.add_argument("--drafter", default="dspark-gated-long", help="shipped drafter name or checkpoint folder")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--per-domain", type=int, default=2, help="held-out prompts per domain for the speed run")
     p.add_argument("--repeats", type=int, default=3, help="side-by-side repeats (the median is reported)")
