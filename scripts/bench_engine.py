@@ -36,7 +36,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ import torch
 import dspark
 from dspark.engine import Engine
 from dspark.heads import HEAD_KINDS
+from dspark.profiling import cpu_name
 from dspark.targets import load_target
 
 # Prompts that ask for long answers, so that no request stops at EOS within the token budget
@@ -66,16 +66,6 @@ PROMPTS = [
 ]
 
 PART_KEYS = ("round", "target", "draft", "sequential_head")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class _Spy:
@@ -354,7 +344,7 @@ def main() -> None:
     results: dict[str, Any] = {
         "meta": {
             "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "device": f"{os.cpu_count()}-core {_cpu_name()}", "torch": torch.__version__,
+            "device": f"{os.cpu_count()}-core {cpu_name()}", "torch": torch.__version__,
             "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d"),
             "dtypes": args.dtype, "rounds": args.rounds, "repeats": args.repeats,
             "warmup_rounds": args.warmup_rounds, "scheduler": "full", "sampling": "greedy",

@@ -456,3 +456,32 @@ def test_models_are_frozen():
         _table().interpolation = "step"
     with pytest.raises(FrozenInstanceError):
         _roofline().num_params = 1.0
+
+
+def test_profile_cli_writes_a_profile_the_sps_table_reads(tmp_path, capsys):
+    """`dspark profile` on a tiny HF folder: shapes over two contexts, a loadable sps-table profile."""
+    import json
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import dspark
+    from dspark.cli import main
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", str(tmp_path / "tiny"), "--out", str(out), "--requests", "1,2",
+                 "--widths", "1,3", "--contexts", "16,40", "--repeats", "2", "--quiet"]) == 0
+    data = json.loads(out.read_text())
+    assert data["accounting"] == "padded" and data["dtype"] == "float32" and data["threads"] >= 1
+    assert [p["batch_size"] for p in data["points"]] == [1, 2, 3, 6]  # B = R · (1 + ℓ)
+    shapes = json.loads(out.with_suffix(".shapes.json").read_text())
+    assert {(s["context"], s["requests"], s["tokens_per_request"]) for s in shapes} == {
+        (c, r, w) for c in (16, 40) for r in (1, 2) for w in (1, 3)}
+    cost = dspark.get_cost_model("sps-table", profile=str(out))
+    assert float(cost.step_seconds(torch.tensor([6]))[0]) > 0
+    assert main(["profile", "--model", str(tmp_path / "tiny"), "--contexts", "200", "--quiet",
+                 "--out", str(out)]) == 2
+    assert "exceeds the target's context window" in capsys.readouterr().err

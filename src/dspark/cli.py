@@ -296,6 +296,69 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# dspark profile
+# --------------------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Measure the target's verification step time over the batch shapes the engine runs (R requests "
+        "× 1+ℓ tokens, padded) and context lengths, and write the profile JSON the sps-table cost model "
+        "reads (records device, model, dtype, threads, date)."
+    )
+    p.add_argument("--out", default="out/profile.json", help="profile JSON for --profile / sps-table")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--requests", type=_ints, default=[1, 2, 4, 8, 16], help="R values, e.g. 1,2,4,8,16")
+    p.add_argument("--widths", type=_ints, default=[1, 2, 4, 8], help="1+ℓ values (tokens per request)")
+    p.add_argument("--contexts", type=_ints, default=[128, 512],
+                   help="KV-cache lengths; the first sets the profile's points, all are recorded")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true")
+
+
+@command("profile", _profile_args)
+def _profile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from dspark.profiling import device_name, profile_from_shapes, time_shapes
+    from dspark.targets import load_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = load_target(args.model, getattr(torch, args.dtype))
+    times = time_shapes(target, args.requests, args.widths, args.contexts, args.repeats, args.seed,
+                        progress=not args.quiet)
+    profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
+                                  repeats=args.repeats)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile.to_json(out)
+    shapes = [{"context": c, "requests": r, "tokens_per_request": w, "step_seconds": s}
+              for (c, r, w), s in times.items()]
+    out.with_suffix(".shapes.json").write_text(json.dumps(shapes, indent=2) + "\n")
+    for ctx in args.contexts:
+        print(f"\nverification step (ms), {args.dtype}, {ctx}-token context, {torch.get_num_threads()} threads:")
+        print("| R \\ 1+ℓ | " + " | ".join(str(w) for w in args.widths) + " |")
+        print("|---|" + "---|" * len(args.widths))
+        for R in args.requests:
+            print(f"| {R} | " + " | ".join(f"{times[ctx, R, w] * 1e3:.1f}" for w in args.widths) + " |")
+    print(f"\nwrote {out} (sps-table profile) and {out.with_suffix('.shapes.json')}", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 # dspark export (same as python -m dspark.export)
 # --------------------------------------------------------------------------------------------
 
