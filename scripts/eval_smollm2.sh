@@ -3,6 +3,7 @@
 # docs/results.md (docs/results.md quotes these commands).
 #   RUNS=runs bash scripts/eval_smollm2.sh
 set -euo pipefail
+[ -x .venv/bin/dspark ] && export PATH="$PWD/.venv/bin:$PATH"  # `make setup` installs dspark there
 RUNS=${RUNS:-runs}
 NAMES="dspark-gated dspark-vanilla dspark-rnn dflash eagle3 dspark-gated-long"
 SHIP=src/dspark/checkpoints/smollm2-135m

@@ -6,6 +6,7 @@
 #   RUNS=runs bash scripts/train_smollm2.sh          (ONLY="dflash eagle3" trains a subset, e.g. to
 #                                                     run two queues side by side with OMP_NUM_THREADS=1)
 set -euo pipefail
+[ -x .venv/bin/dspark ] && export PATH="$PWD/.venv/bin:$PATH"  # `make setup` installs dspark there
 RUNS=${RUNS:-runs}
 DATA=${DATA:-$RUNS/data}
 STEPS=${STEPS:-1500}
