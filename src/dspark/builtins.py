@@ -14,13 +14,9 @@ def _neural(kind: str):
         from dspark.drafters.neural import build_drafter
 
         if checkpoint is not None:
-            from pathlib import Path
+            from dspark.checkpoints import locate
 
-            from dspark.checkpoints import ROOT
-
-            shipped = ROOT / str(checkpoint)  # a shipped drafter's name, e.g. "dspark-gated"
-            if not Path(checkpoint).exists() and (shipped / "config.json").is_file():
-                checkpoint = shipped
+            checkpoint = locate(checkpoint)  # a folder, or a shipped drafter's name ("dspark-gated")
             drafter = from_pretrained(checkpoint, target)
             if drafter.config.kind != kind:
                 raise ValueError(f"{checkpoint} holds a {drafter.config.kind} drafter, not {kind}")

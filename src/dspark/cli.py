@@ -24,6 +24,13 @@ def command(name: str, add_args: Callable[[argparse.ArgumentParser], None]):
     return deco
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 # --------------------------------------------------------------------------------------------
 # dspark plugins
 # --------------------------------------------------------------------------------------------
@@ -207,7 +214,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-layers", type=int, default=1, help="draft layers (Eagle3: always 1)")
     p.add_argument("--gamma", type=int, default=7, help="block size γ")
     p.add_argument("--draft-vocab", type=int, default=0, help="reduced draft vocabulary size (0: the target's)")
-    p.add_argument("--layer-ids", help="comma-separated target layer ids (default: evenly spread)")
+    p.add_argument("--layer-ids", type=_ints, help="comma-separated target layer ids (default: evenly spread)")
     p.add_argument("--init", default="target", choices=["target", "random"],
                    help="copy the target's top layers into the draft layers, or random init")
     p.add_argument("--steps", type=int, default=1000)
@@ -298,13 +305,6 @@ def _eval(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 # dspark profile
 # --------------------------------------------------------------------------------------------
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _profile_args(p: argparse.ArgumentParser) -> None:

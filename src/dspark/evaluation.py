@@ -79,7 +79,6 @@ def collect_rounds(
     from dspark.engine import Engine
 
     engine = Engine(target, drafter, scheduler=scheduler, calibrator="identity", seed=seed)
-    gamma = drafter.gamma
     pending = list(enumerate(prompts))[::-1]
     live: dict[str, tuple[int, Any]] = {}
     rows: list[tuple[str, int, int, int, list[float], int]] = []
@@ -103,7 +102,7 @@ def collect_rounds(
     seconds = time.perf_counter() - t0
     if not rows:
         raise ValueError("no drafting rounds were recorded (are the prompts empty?)")
-    conf = torch.tensor([r[4] if len(r[4]) == gamma else r[4] + [float("-inf")] * (gamma - len(r[4])) for r in rows])
+    conf = torch.tensor([r[4] for r in rows])  # [N, γ]: a confidence model scores every draft position
     return Rounds(tuple(r[0] for r in rows), torch.tensor([r[1] for r in rows]), torch.tensor([r[2] for r in rows]),
                   torch.tensor([r[3] for r in rows]), conf, tuple(r[5] for r in rows), new_tokens, seconds)
 
@@ -171,5 +170,5 @@ def evaluate_rounds(rounds: Rounds, calibrator: Any = None, thresholds: Sequence
 def save_json(obj: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else str(v)) + "\n")
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
     return path

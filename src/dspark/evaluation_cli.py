@@ -16,13 +16,13 @@ def eval_prompts(path: str | None, per_domain: int, skip: int = 0) -> list[Any]:
     """Held-out prompts (a ``dspark data`` eval_prompts.jsonl; default: the shipped ones), at most
     ``per_domain`` per domain in a stable order (by prompt hash), after the first ``skip`` of each
     domain — calibration skips the prompts evaluation uses, so the two never share a prompt."""
-    from dspark.data.selfdistill import read_prompts
+    from dspark.data.prompts import jsonl_prompts
 
     if path is None:
         from dspark.checkpoints import eval_prompts_path
 
         path = str(eval_prompts_path())
-    prompts = read_prompts(path)
+    prompts = list(jsonl_prompts(path))
     out, seen = [], {}
     for p in sorted(prompts, key=lambda p: p.key):
         k = seen.get(p.domain, 0)
@@ -152,9 +152,9 @@ def run_eval(args: Any) -> int:
     results: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                                "model": args.model, "dtype": args.dtype,
                                "command": " ".join(["dspark", *sys.argv[1:]]), "runs": {}}
+    drafters = [load_drafter_spec(spec, target) for spec in args.drafter]  # once, for every temperature
     for temp in args.temperature:
-        for spec in args.drafter:
-            label, drafter, cal = load_drafter_spec(spec, target)
+        for label, drafter, cal in drafters:
             cache = out / "rounds" / f"{label}-T{temp}.json"
             if cache.is_file() and not args.fresh:  # resumable: finished runs are not redone
                 import json

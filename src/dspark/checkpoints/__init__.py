@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ROOT", "shipped", "resolve_checkpoint", "eval_prompts_path"]
+__all__ = ["ROOT", "shipped", "locate", "resolve_checkpoint", "eval_prompts_path"]
 
 ROOT = Path(__file__).parent / "smollm2-135m"
 
@@ -20,13 +20,21 @@ def shipped() -> list[str]:
     return sorted(p.name for p in ROOT.iterdir() if (p / "config.json").is_file()) if ROOT.is_dir() else []
 
 
+def locate(name_or_path: str | Path) -> Path:
+    """The shipped drafter called ``name_or_path`` unless that path is itself a checkpoint folder;
+    otherwise the path as given (so a loader reports what is wrong with it)."""
+    p = Path(name_or_path)
+    shipped_dir = ROOT / str(name_or_path)
+    if not (p / "config.json").is_file() and (shipped_dir / "config.json").is_file():
+        return shipped_dir
+    return p
+
+
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
     """A checkpoint folder: an existing path, or the name of a shipped drafter."""
-    p = Path(name_or_path)
+    p = locate(name_or_path)
     if (p / "config.json").is_file():
         return p
-    if (ROOT / str(name_or_path) / "config.json").is_file():
-        return ROOT / str(name_or_path)
     raise FileNotFoundError(
         f"{name_or_path} is neither a drafter checkpoint folder (no config.json) nor a shipped drafter "
         f"(shipped: {', '.join(shipped()) or 'none'})"

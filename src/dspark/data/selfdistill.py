@@ -22,7 +22,7 @@ from attrs import frozen
 from dspark.data.prompts import Prompt
 from dspark.types import SamplingParams
 
-__all__ = ["Record", "read_records", "done_keys", "generate_records", "write_prompts", "read_prompts"]
+__all__ = ["Record", "read_records", "done_keys", "generate_records", "write_prompts"]
 
 
 @frozen
@@ -75,12 +75,6 @@ def write_prompts(path: str | Path, prompts: Sequence[Prompt]) -> None:
     with Path(path).open("w", encoding="utf-8") as fh:
         for p in prompts:
             fh.write(json.dumps({"prompt": p.text, "domain": p.domain, "key": p.key}) + "\n")
-
-
-def read_prompts(path: str | Path) -> list[Prompt]:
-    from dspark.data.prompts import jsonl_prompts
-
-    return list(jsonl_prompts(path))
 
 
 def generate_records(

@@ -29,7 +29,7 @@ from torch import nn
 
 from dspark.drafters.config import DrafterConfig
 from dspark.drafters.layers import DraftLayer, RMSNorm
-from dspark.drafters.vocab import NEG, DraftVocab
+from dspark.drafters.vocab import DraftVocab, to_slots, to_target_space
 from dspark.protocols.drafter import DraftContext
 from dspark.sampling import probs_for_requests, sample
 from dspark.types import DraftBlock
@@ -157,15 +157,7 @@ class _NeuralDrafter(nn.Module):
 
     def to_draft(self, tokens: torch.Tensor) -> torch.Tensor:
         """Target ids → draft slots (identity without a reduced vocabulary)."""
-        return tokens if self.vocab_map is None else self.vocab_map.to_draft(tokens)
-
-    def to_target(self, slots: torch.Tensor) -> torch.Tensor:
-        """Draft slots → target ids."""
-        return slots if self.vocab_map is None else self.vocab_map.to_target(slots)
-
-    def full_vocab(self, x: torch.Tensor, fill: float) -> torch.Tensor:
-        """Draft-space [..., V_d] → target-space [..., V], ``fill`` where the draft has no slot."""
-        return x if self.vocab_map is None else self.vocab_map.full(x, fill)
+        return to_slots(self.vocab_map, tokens)
 
     def _require_bound(self) -> None:
         if self._embed is None or self._lm_head is None:
@@ -186,7 +178,7 @@ class _NeuralDrafter(nn.Module):
     def _emit(self, U_j: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Draft-space Ũ_j [R, V_d] → (slots [R], target tokens [R], q [R, V], logits [R, V])."""
         q_d, x_d = self._sample_block(U_j, context)
-        return x_d, self.to_target(x_d), self.full_vocab(q_d, 0.0), self.full_vocab(U_j, NEG)
+        return (x_d, *to_target_space(self.vocab_map, x_d, q_d, U_j))
 
     # -- per-request state ----------------------------------------------------------------
     def release(self, request_id: str) -> None:

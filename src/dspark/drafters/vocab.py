@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NEG", "DraftVocab"]
+__all__ = ["NEG", "DraftVocab", "to_slots", "to_target_space"]
 
 NEG = -1.0e4  # "never": exp(NEG − max) underflows to 0 in fp32, and stays finite in fp16 graphs
 
@@ -42,3 +42,18 @@ class DraftVocab:
         out = x.new_full((*x.shape[:-1], self.vocab_size), fill)
         out[..., self.draft_ids[:-1].to(x.device)] = x[..., :-1]
         return out
+
+
+def to_slots(vocab: DraftVocab | None, tokens: torch.Tensor) -> torch.Tensor:
+    """Target ids → draft slots; the identity without a reduced vocabulary (``vocab`` None)."""
+    return tokens if vocab is None else vocab.to_draft(tokens)
+
+
+def to_target_space(
+    vocab: DraftVocab | None, slots: torch.Tensor, q: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A draw in draft space — slots [R], q [R, V_d], logits [R, V_d] — as the verifier needs it:
+    (target tokens [R], q [R, V], logits [R, V]; NEG where the draft vocabulary has no slot)."""
+    if vocab is None:
+        return slots, q, logits
+    return vocab.to_target(slots), vocab.full(q, 0.0), vocab.full(logits, NEG)

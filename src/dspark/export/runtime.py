@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from dspark.drafters.neural import draft_lengths, draft_sample, target_features
-from dspark.drafters.vocab import NEG, DraftVocab
+from dspark.drafters.vocab import DraftVocab, to_slots, to_target_space
 from dspark.export.manifest import ExportError
 from dspark.protocols.drafter import DraftContext
 from dspark.types import DraftBlock
@@ -187,9 +187,7 @@ class ExportedDrafter:
         logits [R, V]) on the CPU; V_d = V without a reduced draft vocabulary."""
         U = logits.float().cpu()
         q, x = draft_sample(U, context)
-        if self.vocab_map is None:
-            return x, x, q, U
-        return x, self.vocab_map.to_target(x), self.vocab_map.full(q, 0.0), self.vocab_map.full(U, NEG)
+        return (x, *to_target_space(self.vocab_map, x, q, U))
 
     def _valid(self, context: DraftContext, R: int) -> torch.Tensor:
         return draft_lengths(context, R, self.gamma)
@@ -242,7 +240,7 @@ class ExportedDrafter:
         h, U = out["h"], out["base_logits"]  # [R, γ, d], [R, γ, V]
         t_head = 0.0
         tokens, qs, logits, conf = [], [], [], []
-        prev = anchors if self.vocab_map is None else self.vocab_map.to_draft(anchors)
+        prev = to_slots(self.vocab_map, anchors)
         state = torch.zeros(R, self.rank, device=self.device) if self.head == "rnn" else None
         for j in range(self.gamma):
             U_j = U[:, j]

@@ -84,13 +84,12 @@ def block_forward(drafter: Any, batch: Batch) -> Targets:
     U = drafter.logits(h).float()  # [B, γ, V_d]
     idx = (a0[..., None] + offs).clamp(max=n - 1)  # [S, N, γ] position a+j (teacher, prev token)
     nxt = (a0[..., None] + offs + 1).clamp(max=n - 1)  # [S, N, γ] label position a+j+1
-    prev = _slots(drafter, batch.ids.gather(1, idx.reshape(S, -1))).reshape(S * N, g)  # [B, γ]
-    prev_in = prev.clamp_min(0) if drafter.vocab_map is None else torch.where(prev < 0, drafter.draft_size - 1, prev)
+    prev = drafter.to_draft(batch.ids.gather(1, idx.reshape(S, -1))).reshape(S * N, g)  # [B, γ] x̂_{j−1} slots
     conf = None
     if drafter.head is not None:
-        U = drafter.head(prev_in, h, U)  # Ũ [B, γ, V_d]
+        U = drafter.head(prev, h, U)  # Ũ [B, γ, V_d]
         if drafter.confidence_head is not None:
-            conf = drafter.confidence_head(h, drafter.head.prev_embedding(prev_in))  # [B, γ]
+            conf = drafter.confidence_head(h, drafter.head.prev_embedding(prev))  # [B, γ]
     label = _slots(drafter, batch.ids.gather(1, nxt.reshape(S, -1))).reshape(S * N, g)
     valid = has[..., None] & (a0[..., None] + offs + 1 < batch.lengths[:, None, None])  # [S, N, γ]
     k = batch.top_ids.shape[-1]

@@ -91,24 +91,26 @@ def run_train(args: Any) -> int:
     if args.draft_vocab:
         config["draft_vocab_size"] = args.draft_vocab + 1  # + the placeholder slot
     if args.layer_ids:
-        config["layer_ids"] = tuple(int(x) for x in args.layer_ids.split(","))
+        config["layer_ids"] = tuple(args.layer_ids)
     drafter = build_for_target(model, args.kind, sequences=seqs, init=args.init,
                                target_name=args.model, **config)
     if args.features == "cache":
         cache_dir = Path(args.feature_cache or Path(args.data) / "features")
-        if rank == 0 and _incomplete(cache_dir):
+        cache = None
+        if rank == 0:
             from dspark.drafters.config import default_layer_ids
 
             # cache the default 5 layers too: Eagle3's low/mid/high are a subset, so every drafter
-            # kind trains from one cache
+            # kind trains from one cache. Building resumes at the first missing shard, is a no-op
+            # for a complete cache, and refuses a cache of other data or settings.
             L = model.config.num_hidden_layers
             layers = sorted(set(default_layer_ids(L, min(5, L - 1))) | set(drafter.target_layer_ids))
-            build_feature_cache(model, seqs, cache_dir, layers, top_k=args.top_k, progress=not args.quiet)
+            cache = build_feature_cache(model, seqs, cache_dir, layers, top_k=args.top_k, progress=not args.quiet)
         if world > 1:
             import torch.distributed as dist
 
             dist.barrier()
-        data = TrainData(seqs, pls, cache=FeatureCache(cache_dir))
+        data = TrainData(seqs, pls, cache=cache if cache is not None else FeatureCache(cache_dir))
     else:
         data = TrainData(seqs, pls, model=model, top_k=args.top_k)
     tc = TrainConfig.for_kind(
@@ -132,21 +134,13 @@ def run_train(args: Any) -> int:
         summary = {"kind": args.kind, "head": config.get("head"), "steps": tc.steps, "train": tc.to_dict(),
                    "drafter": drafter.config.to_dict(), "sequences": len(seqs),
                    "tokens": sum(len(s) for s in seqs), "seconds_this_run": time.perf_counter() - t0,
-                   "seconds_total": sum(r.get("seconds", 0) for r in log[-1:]), "world_size": world,
+                   "seconds_total": log[-1].get("seconds", 0.0) if log else 0.0, "world_size": world,
                    "threads": torch.get_num_threads(), "final": log[-1] if log else None,
                    "command": " ".join(sys.argv)}
         (out / "train.json").write_text(json.dumps(summary, indent=2) + "\n")
         _plot_curve(log, out / "curve.png")
         print(f"saved {ckpt} (final loss {log[-1]['loss']:.3f}, analytic τ {log[-1]['tau']:.2f})", file=sys.stderr)
     return 0
-
-
-def _incomplete(cache_dir: Path) -> bool:
-    meta = cache_dir / "cache.json"
-    if not meta.is_file():
-        return True
-    m = json.loads(meta.read_text())
-    return m["complete_shards"] * m["shard_size"] < m["num_sequences"]
 
 
 def _save_dtype(name: str) -> torch.dtype | None:

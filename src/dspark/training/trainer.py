@@ -10,6 +10,7 @@ gradients over ranks, and each rank's loss is scaled by R to undo the average.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -252,29 +253,24 @@ class Trainer:
             slots = mine[m * micro : (m + 1) * micro]
             batch = self._batch([glob[s] for s in slots], slots)
             sync = m == cfg.grad_accum - 1 or self.world == 1
-            ctx = self.model.no_sync() if (self.world > 1 and not sync) else _null()
+            ctx = self.model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
             with ctx:
                 loss, stats = self.model(batch, norm)
                 (loss * self.world).backward()
             for key, v in stats.items():
                 totals[key] = totals.get(key, 0) + v
-        stats_t = torch.cat([torch.stack([totals[k] for k in ("ce", "l1") if k in totals] or [torch.zeros(())]).reshape(-1),
-                             totals["alpha_sum"], totals["count"]])
-        extra = {k: totals[k] for k in ("soft_ce", "conf") if k in totals}
+        # one flat tensor [loss terms…, α sums [γ], counts [γ]], summed over ranks in one all-reduce
+        names = [k for k in ("ce", "l1", "soft_ce", "conf") if k in totals]
+        flat = torch.cat([torch.stack([totals[k] for k in names]), totals["alpha_sum"], totals["count"]])
         if self.world > 1:
             import torch.distributed as dist
 
-            flat = torch.cat([stats_t, torch.stack(list(extra.values())) if extra else torch.zeros(0)])
             dist.all_reduce(flat)
-            stats_t, ex = flat[: stats_t.numel()], flat[stats_t.numel():]
-            extra = dict(zip(extra, ex))
         gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip) if cfg.grad_clip else None
         self.opt.step()
-        gamma = self.drafter.gamma
-        alpha = (stats_t[-2 * gamma : -gamma] / stats_t[-gamma:].clamp_min(1)).tolist()
-        names = [k for k in ("ce", "l1") if k in totals]
-        parts = {k: float(v) for k, v in zip(names, stats_t[: len(names)])}
-        parts.update({k: float(v) for k, v in extra.items()})
+        alpha_sum, count = flat[len(names):].split(self.drafter.gamma)
+        alpha = (alpha_sum / count.clamp_min(1)).tolist()
+        parts = {k: float(v) for k, v in zip(names, flat[: len(names)])}
         rec = {"step": self.step, "loss": sum(parts.values()), **parts, "alpha": alpha,
                "tau": analytic_tau(alpha), "lr": lr_at(cfg, self.step),
                "grad_norm": float(gnorm) if gnorm is not None else None}
@@ -295,13 +291,14 @@ class Trainer:
         if self.rank == 0:
             for s in old:
                 signal.signal(s, stop)
+        done_before = self.log[-1].get("seconds", 0.0) if self.log else 0.0
         t0 = time.perf_counter()
         try:
             with tqdm(total=self.cfg.steps, initial=self.step, desc=f"train {self.drafter.config.kind}",
                       disable=not self.progress) as bar:
                 while self.step < self.cfg.steps:
                     rec = self.train_step()
-                    rec["seconds"] = time.perf_counter() - t0
+                    rec["seconds"] = done_before + time.perf_counter() - t0  # cumulative over resumes
                     bar.update(1)
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", tau=f"{rec['tau']:.2f}")
                     if on_step:
@@ -325,11 +322,3 @@ class Trainer:
         flag = torch.tensor([1.0 if self._stop else 0.0])
         dist.all_reduce(flag)
         return bool(flag.item())
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: Any) -> None:
-        return None
