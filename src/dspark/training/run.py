@@ -74,12 +74,28 @@ def _dist() -> tuple[int, int]:
 
 
 def run_train(args: Any) -> int:
+    rank, world = _dist()
+    if world == 1:
+        return _run_train(args, rank, world)
+    import torch.distributed as dist
+
+    # The group is torn down explicitly: a process exiting with a live gloo group can abort
+    # ("terminate called without an active exception") and fail the whole torchrun job. On success
+    # every rank first waits for rank 0's checkpoint; after an error no collective is attempted.
+    try:
+        rc = _run_train(args, rank, world)
+        dist.barrier()
+        return rc
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_train(args: Any, rank: int, world: int) -> int:
     from dspark.drafters.checkpoint import save_pretrained
     from dspark.models import load_causal_lm
     from dspark.training.teacher import FeatureCache, build_feature_cache
     from dspark.training.trainer import TrainConfig, TrainData, Trainer
 
-    rank, world = _dist()
     torch.manual_seed(args.seed)
     seqs, pls = load_training_sequences(args.data, args.max_seq_len)  # bad data fails before the model loads
     model, _ = load_causal_lm(args.model, torch.float32)
