@@ -27,7 +27,7 @@ from dspark.sampling import probs_for_requests, sample
 from dspark.types import SamplingParams
 from dspark.verify import verify, verify_greedy
 
-__all__ = ["Engine", "RequestMetrics", "StepOutput", "Completion"]
+__all__ = ["Engine", "RequestMetrics", "RoundInfo", "StepOutput", "Completion"]
 
 
 @define
@@ -72,6 +72,21 @@ class _Request:
 
 
 @frozen
+class RoundInfo:
+    """What the last ``step()`` did, for benchmarks and simulators (lists are per active request)."""
+
+    num_requests: int
+    lengths: list[int]  # ℓ_r verified
+    accepted: list[int]  # accepted drafts
+    batch_size: int  # B under the cost model's accounting (padded count without a cost model)
+    drafted: bool  # False: plain decoding (no drafter, or the draft gate skipped it)
+    expected_tokens: float  # the scheduler's τ̂ (R on plain rounds)
+    draft_seconds: float  # drafter + confidence + calibration + schedule
+    target_seconds: float
+    seconds: float
+
+
+@frozen
 class StepOutput:
     request_id: str
     new_tokens: list[int]
@@ -93,6 +108,8 @@ class Engine:
     """Speculative decoding over a target with a drafter, scheduler, cost model and calibrator.
 
     ``drafter=None`` is plain decoding through the same batched target (the baseline).
+    ``draft_gate`` (``True`` or a :class:`dspark.gating.DraftGate`) skips the drafter in rounds where
+    the cost model says drafting does not pay for itself (needs a cost model).
     """
 
     def __init__(
@@ -104,6 +121,7 @@ class Engine:
         cost_model: Any = "sps-table",
         calibrator: Any = "identity",
         confidence_model: Any = "draft-head",
+        draft_gate: Any = None,
         seed: int = 0,
     ) -> None:
         self.target = target
@@ -125,6 +143,14 @@ class Engine:
             layer_ids = getattr(self.drafter, "target_layer_ids", ())
             if layer_ids:
                 target.set_capture_layers(layer_ids)
+        if draft_gate is True:
+            from dspark.gating import DraftGate
+
+            draft_gate = DraftGate()
+        if draft_gate and self.cost_model is None:
+            raise ValueError("draft_gate needs a cost model to compare drafting with plain decoding")
+        self.draft_gate = draft_gate or None
+        self.last_round: RoundInfo | None = None
         self.seed = seed
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
@@ -227,7 +253,9 @@ class Engine:
             for r in reqs
         ]).clamp_min(0)  # [R]
         anchors = torch.stack([r.tokens[-1] for r in reqs])  # [R]
-        if self.drafter is None:
+        drafted = self.drafter is not None and (self.draft_gate is None or self.draft_gate.should_draft())
+        t_draft, expected = 0.0, float(R)
+        if not drafted:
             lengths = torch.zeros(R, dtype=torch.long)
             tokens = anchors[:, None]  # [R, 1]
             gamma = 0
@@ -244,13 +272,17 @@ class Engine:
             raw = self.confidence_model.confidence_logits(block)  # [R, γ]
             c = self.calibrator.calibrate(raw)  # [R, γ]
             plan = self.scheduler.schedule(c, block.valid_lengths, self.cost_model)
-            lengths = plan.lengths  # [R]
+            t_draft = time.perf_counter() - t0
+            lengths, expected = plan.lengths, plan.expected_tokens  # [R]
+            if self.draft_gate is not None:
+                self.draft_gate.update(expected, self.cost_model.batch_size(lengths), R, t_draft, self.cost_model)
             gamma = block.gamma
             tokens = torch.cat([anchors[:, None], block.tokens], dim=1)  # [R, 1+γ]
         before = [self.target.cached_length(rid) for rid in rids]
         t0 = time.perf_counter()
         out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
-        self.timings["target"] += time.perf_counter() - t0
+        t_target = time.perf_counter() - t0
+        self.timings["target"] += t_target
         logits = out.logits[:, : gamma + 1]
         if gamma == 0 and all(r.sampling.is_greedy for r in reqs):
             nxt = logits[:, 0].float().argmax(-1)  # [R] no distribution needed; fp32 argmax is faster
@@ -274,7 +306,9 @@ class Engine:
         for i, r in enumerate(reqs):
             n_acc = int(accepted[i])
             new = committed[i, : n_acc + 1].tolist()
-            r.features = self._features(out, i, n_acc + 1)
+            feats = self._features(out, i, n_acc + 1)
+            # Rounds the gate skipped leave features the drafter has not seen yet: append.
+            r.features = feats if r.features is None or feats is None else torch.cat([r.features, feats])
             m = r.metrics
             m.rounds += 1
             m.verified.append(int(lengths[i]))
@@ -288,8 +322,13 @@ class Engine:
         for o in outputs:
             if o.finished:
                 self._release(o.request_id)
-        self.timings["round"] += time.perf_counter() - t_round
+        seconds = time.perf_counter() - t_round
+        self.timings["round"] += seconds
         self.rounds += 1
+        B = (self.cost_model.batch_size(lengths) if self.cost_model is not None
+             else R * (1 + int(lengths.max())))
+        self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
+                                    t_draft, t_target, seconds)
         return outputs
 
     def _truncate(self, r: _Request, new: list[int]) -> list[int]:
