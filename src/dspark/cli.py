@@ -359,6 +359,69 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# dspark bench
+# --------------------------------------------------------------------------------------------
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Serve a workload at several concurrency levels with each scheduler (plain decoding, fixed k, "
+        "threshold, sps-greedy, plugin schedulers) and report throughput, per-user rate, τ, ℓ̄, B and "
+        "latency percentiles (JSON, Markdown, PNG); measured here and/or simulated from acceptance "
+        "traces against a cost model (measured profile or an H200/H100 roofline). Re-running resumes."
+    )
+    p.add_argument("--out", default="out/bench", help="folder: bench.json, bench.md, bench.png, profile.json, runs/")
+    p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--drafter", default="dspark-gated-long",
+                   help="shipped drafter name, checkpoint folder or LABEL=CHECKPOINT (its calibration.json is used)")
+    p.add_argument("--calibration", help="calibrator JSON overriding the drafter's calibration.json")
+    p.add_argument("--prompts", help="prompts JSONL {prompt, domain?} (default: the shipped held-out prompts)")
+    p.add_argument("--per-domain", type=int, default=8, help="prompts per domain (cycled over the requests)")
+    p.add_argument("--concurrency", type=_ints, default=[1, 2, 4, 8, 16, 32, 64], help="levels, e.g. 1,4,16,64")
+    p.add_argument("--requests-per-level", type=int, default=0, help="requests per level (default: max(2c, --min-requests))")
+    p.add_argument("--min-requests", type=int, default=8)
+    p.add_argument("--arrival", default="closed", choices=["closed", "poisson"],
+                   help="closed loop of c users, or Poisson arrivals at --rate with at most c active")
+    p.add_argument("--rate", type=float, help="requests per second (poisson)")
+    p.add_argument("--scheduler", dest="schedulers", action="append",
+                   help="NAME[:KEY=VALUE,...], repeatable, e.g. --scheduler fixed:k=1 --scheduler my-plugin; "
+                   "'plain' is the no-drafter baseline (default: plain, fixed:k=1, fixed:k=γ, threshold, sps-greedy)")
+    p.add_argument("--gate", action="append",
+                   help="scheduler entry run with the draft gate, repeatable (default: sps-greedy; 'none': no gate)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=3, help="measured repeats (medians reported, order rotated)")
+    p.add_argument("--profile", help="sps-table profile JSON (default: measured into OUT/profile.json)")
+    p.add_argument("--profile-context", type=int, default=128, help="KV length for the measured profile")
+    p.add_argument("--profile-repeats", type=int, default=3)
+    p.add_argument("--mode", default="measure", choices=["measure", "simulate", "both"],
+                   help="measure on this machine, simulate from traces, or both (with an agreement table)")
+    p.add_argument("--traces", help="acceptance traces: a rounds JSON from dspark eval (OUT/rounds/*.json) or "
+                   "calibrate (default: recorded into OUT/traces.json with every position verified)")
+    p.add_argument("--sim-cost-model", default="profile", choices=["profile", "h200", "h100", "a100"],
+                   help="simulation step times: the measured profile, or a GPU roofline preset")
+    p.add_argument("--sim-params", type=float, default=135e6, help="target parameters for a roofline preset")
+    p.add_argument("--sim-launch-overhead-ms", type=float, default=0.0, help="per-step overhead for a roofline preset")
+    p.add_argument("--sim-draft-fraction", type=float, default=1 / 30,
+                   help="roofline presets: drafting time as a fraction of a full block's verification step")
+    p.add_argument("--sim-concurrency", type=_ints, help="simulated levels (default: --concurrency)")
+    p.add_argument("--time-model", help="bench.json of a measured run whose fitted time model to reuse")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fresh", action="store_true", help="redo runs already recorded under OUT")
+    p.add_argument("--replot", action="store_true", help="only redraw bench.png / bench.md from OUT/bench.json")
+    p.add_argument("--quiet", action="store_true")
+
+
+@command("bench", _bench_args)
+def _bench(args: argparse.Namespace) -> int:
+    from dspark.bench.cli import run_bench
+
+    return run_bench(args)
+
+
+# --------------------------------------------------------------------------------------------
 # dspark export (same as python -m dspark.export)
 # --------------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from dspark.sampling import probs_for_requests, sample
 from dspark.types import SamplingParams
 from dspark.verify import verify, verify_greedy
 
-__all__ = ["Engine", "RequestMetrics", "RoundInfo", "StepOutput", "Completion"]
+__all__ = ["Engine", "encode_prompt", "RequestMetrics", "RoundInfo", "StepOutput", "Completion"]
 
 
 @define
@@ -104,6 +104,24 @@ class Completion:
     rounds: RequestMetrics | None = None  # per-round proposed/verified/accepted/confidence
 
 
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict] | Sequence[int] | torch.Tensor,
+                  chat: bool = True) -> torch.Tensor:
+    """Token ids for a prompt: ids pass through; text and chat messages use the tokenizer
+    (text is wrapped as one user turn of the chat template when ``chat`` and one exists)."""
+    if isinstance(prompt, torch.Tensor):
+        return prompt.long().reshape(-1)
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        return torch.tensor(list(prompt), dtype=torch.long)
+    tok = tokenizer
+    if tok is None:
+        raise ValueError("text prompts need a target with a tokenizer; pass token ids instead")
+    if isinstance(prompt, str) and not (chat and getattr(tok, "chat_template", None)):
+        return torch.tensor(tok(prompt)["input_ids"], dtype=torch.long)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return torch.tensor(enc["input_ids"], dtype=torch.long)
+
+
 class Engine:
     """Speculative decoding over a target with a drafter, scheduler, cost model and calibrator.
 
@@ -161,20 +179,8 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[dict] | Sequence[int] | torch.Tensor, chat: bool = True) -> torch.Tensor:
-        """Token ids for a prompt: ids pass through; text and chat messages use the tokenizer
-        (text is wrapped as one user turn of the chat template when ``chat`` and one exists)."""
-        if isinstance(prompt, torch.Tensor):
-            return prompt.long().reshape(-1)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            return torch.tensor(list(prompt), dtype=torch.long)
-        tok = getattr(self.target, "tokenizer", None)
-        if tok is None:
-            raise ValueError("text prompts need a target with a tokenizer; pass token ids instead")
-        if isinstance(prompt, str) and not (chat and getattr(tok, "chat_template", None)):
-            return torch.tensor(tok(prompt)["input_ids"], dtype=torch.long)
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        return torch.tensor(enc["input_ids"], dtype=torch.long)
+        """Token ids for a prompt (see :func:`encode_prompt`) with the target's tokenizer."""
+        return encode_prompt(getattr(self.target, "tokenizer", None), prompt, chat)
 
     def add_request(
         self,

@@ -1,0 +1,156 @@
+"""Aggregating benchmark runs (median over repeats) and writing them: JSON, Markdown, PNG."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["aggregate", "ratios", "bench_markdown", "plot_bench", "METRICS"]
+
+METRICS = ("throughput_tok_s", "per_user_tok_s", "tau", "mean_verified", "mean_batch", "mean_active",
+           "drafted_fraction", "step_ms", "draft_ms", "latency_p50_s", "latency_p90_s", "latency_p99_s",
+           "ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "tpot_p99_ms")
+
+
+def _median(values: list[float]) -> float:
+    xs = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(xs) if xs else math.nan
+
+
+def aggregate(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (scheduler, concurrency, simulated): the median of every metric over repeats, plus the
+    spread of throughput (min, max) so a reader sees the noise."""
+    groups: dict[tuple[str, int, bool], list[dict[str, Any]]] = {}
+    for s in summaries:
+        groups.setdefault((s["scheduler"], s["concurrency"], s.get("simulated", False)), []).append(s)
+    out = []
+    for (sched, c, sim), rows in groups.items():
+        row = {"scheduler": sched, "concurrency": c, "simulated": sim, "repeats": len(rows)}
+        for m in METRICS:
+            row[m] = _median([r[m] for r in rows])
+        tp = [r["throughput_tok_s"] for r in rows]
+        row["throughput_min"], row["throughput_max"] = min(tp), max(tp)
+        out.append(row)
+    return sorted(out, key=lambda r: (r["simulated"], r["concurrency"], r["scheduler"]))
+
+
+def ratios(rows: Sequence[dict[str, Any]], focus: str = "sps-greedy", baseline: str = "plain") -> list[dict[str, Any]]:
+    """Per concurrency: ``focus`` throughput / ``baseline``'s and / the best other scheduler's."""
+    out = []
+    for sim in sorted({r["simulated"] for r in rows}):
+        for c in sorted({r["concurrency"] for r in rows if r["simulated"] == sim}):
+            at = {r["scheduler"]: r["throughput_tok_s"] for r in rows if r["concurrency"] == c and r["simulated"] == sim}
+            if focus not in at:
+                continue
+            others = {k: v for k, v in at.items() if k != focus}
+            best = max(others, key=others.get) if others else None
+            out.append({"concurrency": c, "simulated": sim, "focus": focus,
+                        "vs_plain": at[focus] / at[baseline] if baseline in at else math.nan,
+                        "best_other": best, "vs_best_other": at[focus] / others[best] if best else math.nan})
+    return out
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    if isinstance(v, float):
+        return "–" if math.isnan(v) else f"{v:.{digits}f}"
+    return str(v)
+
+
+def bench_markdown(result: dict[str, Any]) -> str:
+    rows, meta = result["rows"], result["meta"]
+    lines = [f"# dspark bench: {meta['model']} ({meta['dtype']}) on {meta['device']}", "",
+             f"Command: `{meta['command']}`", "",
+             f"Drafter {meta['drafter']} (γ = {meta['gamma']}), {meta['arrival']} arrivals"
+             + (f" at {meta['rate']} req/s" if meta.get("rate") else "")
+             + f", {meta['max_new_tokens']} max new tokens, temperature {meta['temperature']}, "
+             f"median of {meta['repeats']} repeat(s); cost model: {meta['cost_model']}. "
+             f"Draft gate on: {', '.join(meta['gated']) or 'none'}.", ""]
+    for sim in (False, True):
+        sub = [r for r in rows if r["simulated"] == sim]
+        if not sub:
+            continue
+        lines += [f"## {'Simulated' if sim else 'Measured'}", "",
+                  "| c | scheduler | tok/s | (min–max) | tok/s/user | τ | ℓ̄ | B̄ | drafted | step ms "
+                  "| p50 latency s | p99 latency s | TTFT p50 s | TPOT p50 ms |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sub:
+            lines.append(
+                f"| {r['concurrency']} | {r['scheduler']} | {_f(r['throughput_tok_s'], 1)} | "
+                f"{_f(r['throughput_min'], 1)}–{_f(r['throughput_max'], 1)} | {_f(r['per_user_tok_s'], 1)} | "
+                f"{_f(r['tau'])} | {_f(r['mean_verified'])} | {_f(r['mean_batch'], 1)} | "
+                f"{_f(r['drafted_fraction'])} | {_f(r['step_ms'], 1)} | {_f(r['latency_p50_s'])} | "
+                f"{_f(r['latency_p99_s'])} | {_f(r['ttft_p50_s'])} | {_f(r['tpot_p50_ms'], 1)} |")
+        lines.append("")
+    if result.get("ratios"):
+        lines += ["## Throughput ratios", "", "| c | measured/simulated | sps-greedy / plain | best other | "
+                  "sps-greedy / best other |", "|---|---|---|---|---|"]
+        for q in result["ratios"]:
+            lines.append(f"| {q['concurrency']} | {'simulated' if q['simulated'] else 'measured'} | "
+                         f"{_f(q['vs_plain'], 3)} | {q['best_other']} | {_f(q['vs_best_other'], 3)} |")
+        lines.append("")
+    if result.get("agreement"):
+        lines += ["## Simulation vs measurement (same profile, fitted drafting/overhead times)", "",
+                  "| c | scheduler | measured tok/s | simulated tok/s | simulated / measured |", "|---|---|---|---|---|"]
+        for a in result["agreement"]:
+            lines.append(f"| {a['concurrency']} | {a['scheduler']} | {_f(a['measured'], 1)} | "
+                         f"{_f(a['simulated'], 1)} | {_f(a['ratio'], 3)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def agreement(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Simulated vs measured throughput for every (scheduler, concurrency) that has both."""
+    measured = {(r["scheduler"], r["concurrency"]): r["throughput_tok_s"] for r in rows if not r["simulated"]}
+    out = []
+    for r in rows:
+        key = (r["scheduler"], r["concurrency"])
+        if r["simulated"] and key in measured:
+            out.append({"scheduler": key[0], "concurrency": key[1], "measured": measured[key],
+                        "simulated": r["throughput_tok_s"], "ratio": r["throughput_tok_s"] / measured[key]})
+    return out
+
+
+def plot_bench(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    """Two panels in the style of the paper's serving figures: throughput vs per-user rate (one
+    line per scheduler, points labelled by concurrency) and ℓ̄ vs concurrency; simulated dashed."""
+    from dspark.plotting import _require_matplotlib
+
+    Figure, FigureCanvasAgg = _require_matplotlib()
+    fig = Figure(figsize=(17, 5))
+    FigureCanvasAgg(fig)
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    scheds = list(dict.fromkeys(r["scheduler"] for r in rows))
+    colors = {s: f"C{i}" for i, s in enumerate(scheds)}
+    for sim in (False, True):
+        for s in scheds:
+            sub = sorted((r for r in rows if r["scheduler"] == s and r["simulated"] == sim),
+                         key=lambda r: r["concurrency"])
+            if not sub:
+                continue
+            style = dict(color=colors[s], linestyle="--" if sim else "-", marker="x" if sim else "o",
+                         label=f"{s}{' (sim)' if sim else ''}")
+            ax1.plot([r["per_user_tok_s"] for r in sub], [r["throughput_tok_s"] for r in sub], **style)
+            if not sim:
+                for r in sub:
+                    ax1.annotate(str(r["concurrency"]), (r["per_user_tok_s"], r["throughput_tok_s"]),
+                                 fontsize=7, xytext=(3, 3), textcoords="offset points")
+            cs = [r["concurrency"] for r in sub]
+            ax2.plot(cs, [r["mean_verified"] for r in sub], **style)
+            plain = {r["concurrency"]: r["throughput_tok_s"] for r in rows
+                     if r["scheduler"] == "plain" and r["simulated"] == sim}
+            if plain:
+                ax3.plot(cs, [r["throughput_tok_s"] / plain.get(r["concurrency"], math.nan) for r in sub], **style)
+    ax1.set(xlabel="per-user rate (tok/s/user)", ylabel="aggregate throughput (tok/s)", title="throughput vs per-user rate")
+    ax2.set(xlabel="concurrency", ylabel="mean verified length ℓ̄", xscale="log", title="ℓ̄ vs concurrency")
+    ax3.set(xlabel="concurrency", ylabel="throughput / plain", xscale="log", title="throughput vs plain decoding")
+    ax3.axhline(1.0, color="grey", lw=0.8)
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
