@@ -332,7 +332,7 @@ def _profile(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dspark.profiling import device_name, profile_from_shapes, time_shapes
+    from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes
     from dspark.targets import load_target
 
     if args.threads:
@@ -345,9 +345,7 @@ def _profile(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.to_json(out)
-    shapes = [{"context": c, "requests": r, "tokens_per_request": w, "step_seconds": s}
-              for (c, r, w), s in times.items()]
-    out.with_suffix(".shapes.json").write_text(json.dumps(shapes, indent=2) + "\n")
+    save_shapes(times, out.with_suffix(".shapes.json"))
     for ctx in args.contexts:
         print(f"\nverification step (ms), {args.dtype}, {ctx}-token context, {torch.get_num_threads()} threads:")
         print("| R \\ 1+ℓ | " + " | ".join(str(w) for w in args.widths) + " |")
@@ -419,6 +417,65 @@ def _bench(args: argparse.Namespace) -> int:
     from dspark.bench.cli import run_bench
 
     return run_bench(args)
+
+
+# --------------------------------------------------------------------------------------------
+# dspark interop
+# --------------------------------------------------------------------------------------------
+
+
+def _interop_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Write a drafter's STS calibration, a cost profile and per-batch-size draft lengths in the formats "
+        "TensorRT-LLM (confidence_sts_path, confidence_sps_table_path, draft_len_schedule) and vLLM "
+        "(speculative_config: adaptive verification, num_speculative_tokens_per_batch_size) read."
+    )
+    p.add_argument("--out", default="out/interop", help="folder: trtllm/, vllm/, best_fixed_lengths.json")
+    p.add_argument("--drafter", default="dspark-gated-long", help="shipped drafter name or checkpoint folder (γ, calibration.json)")
+    p.add_argument("--calibration", help="calibrator JSON (default: the drafter's calibration.json)")
+    p.add_argument("--profile", help="sps-table profile JSON from dspark profile / dspark bench")
+    p.add_argument("--shapes", help="its per-shape timings (default: PROFILE with .shapes.json, if present)")
+    p.add_argument("--traces", help="rounds JSON with every position verified (dspark eval OUT/rounds/*.json, "
+                   "dspark bench OUT/traces.json) for the acceptance survival")
+    p.add_argument("--bench", help="bench.json of a measured dspark bench: its fitted drafting time")
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--served-model", default="path/to/dspark-drafter", help="the drafter path written into vLLM's config")
+
+
+@command("interop", _interop_args)
+def _interop(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dspark.calibration import load_calibrator
+    from dspark.checkpoints import resolve_checkpoint
+    from dspark.cost_models import SPSProfile
+    from dspark.drafters.checkpoint import read_config
+    from dspark.interop import survival_from_rounds, write_interop
+    from dspark.profiling import load_shapes
+
+    folder = resolve_checkpoint(args.drafter)
+    gamma = read_config(folder).gamma
+    cal_path = Path(args.calibration) if args.calibration else folder / "calibration.json"
+    calibrator = load_calibrator(cal_path) if cal_path.is_file() else None
+    profile = shapes = survival = None
+    if args.profile:
+        profile = SPSProfile.from_json(args.profile)
+        shapes_path = Path(args.shapes) if args.shapes else Path(args.profile).with_suffix(".shapes.json")
+        shapes = load_shapes(shapes_path) if shapes_path.is_file() else None
+    if args.traces:
+        from dspark.evaluation import Rounds
+
+        survival = survival_from_rounds(Rounds.from_dict(json.loads(Path(args.traces).read_text())))
+    draft = None
+    if args.bench:
+        from dspark.bench.simulate import TimeModel
+
+        draft = TimeModel.from_dict(json.loads(Path(args.bench).read_text()).get("time_model") or {}).draft_seconds
+    for line in write_interop(args.out, gamma=gamma, model=args.served_model, calibrator=calibrator, profile=profile,
+                              shapes=shapes, survival=survival, draft_seconds=draft,
+                              max_batch_size=args.max_batch_size):
+        print(line)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------

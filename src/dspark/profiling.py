@@ -22,7 +22,7 @@ import torch
 
 from dspark.cost_models import SPSProfile
 
-__all__ = ["cpu_name", "time_shapes", "profile_from_shapes"]
+__all__ = ["cpu_name", "time_shapes", "profile_from_shapes", "save_shapes", "load_shapes"]
 
 
 def cpu_name() -> str:
@@ -91,6 +91,33 @@ def time_shapes(
                 for rid in ids:
                     target.release(rid)
     return times
+
+
+def save_shapes(times: dict[tuple[int, int, int], float], path: str | Path) -> Path:
+    """Every timed (context, R, 1 + ℓ) median as JSON rows (``dspark profile``'s FILE.shapes.json)."""
+    import json
+
+    rows = [{"context": c, "requests": r, "tokens_per_request": w, "step_seconds": s} for (c, r, w), s in times.items()]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rows, indent=2) + "\n")
+    return path
+
+
+def load_shapes(path: str | Path, context: int | None = None) -> dict[tuple[int, int], float]:
+    """{(R, 1 + ℓ): seconds} at ``context`` (default: the first context in the file)."""
+    import json
+
+    try:
+        rows = json.loads(Path(path).read_text())
+        context = rows[0]["context"] if context is None else context
+        out = {(int(r["requests"]), int(r["tokens_per_request"])): float(r["step_seconds"])
+               for r in rows if r["context"] == context}
+    except (KeyError, IndexError, TypeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a shapes file written by dspark profile: {err}") from None
+    if not out:
+        raise ValueError(f"{path} holds no shapes at context {context}")
+    return out
 
 
 def profile_from_shapes(

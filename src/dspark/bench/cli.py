@@ -41,7 +41,7 @@ def _requests_at(args: Any, c: int) -> int:
 
 def _measure_profile(target: Any, args: Any, gamma: int, path: Path) -> Any:
     from dspark.cost_models import SPSProfile
-    from dspark.profiling import device_name, profile_from_shapes, time_shapes
+    from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes
 
     if path.is_file() and not args.fresh:
         return SPSProfile.from_json(path)
@@ -52,6 +52,7 @@ def _measure_profile(target: Any, args: Any, gamma: int, path: Path) -> Any:
                                   repeats=args.profile_repeats, source="dspark bench")
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.to_json(path)
+    save_shapes(times, path.with_suffix(".shapes.json"))
     return profile
 
 
@@ -152,8 +153,7 @@ def run_bench(args: Any) -> int:
         if runs and args.sim_cost_model == "profile":
             time_model = fit_time_model(runs)
         elif args.time_model:
-            time_model = TimeModel(**{k: tuple(v) if isinstance(v, list) else v
-                                      for k, v in json.loads(Path(args.time_model).read_text())["time_model"].items()})
+            time_model = TimeModel.from_dict(json.loads(Path(args.time_model).read_text())["time_model"])
         else:
             time_model = TimeModel(draft_fraction=args.sim_draft_fraction)
         levels = args.sim_concurrency or args.concurrency
@@ -178,6 +178,15 @@ def run_bench(args: Any) -> int:
             "command": " ".join(["dspark", *sys.argv[1:]])}
     result = {"meta": meta, "rows": rows, "ratios": ratios(rows), "agreement": agreement(rows),
               "time_model": time_model.to_dict() if time_model else None, "runs": summaries}
+    if args.mode in ("simulate", "both"):  # the same inputs, in the formats serving engines read
+        from dspark.interop import survival_from_rounds, write_interop
+        from dspark.profiling import load_shapes
+
+        shapes_path = (Path(args.profile) if args.profile else out / "profile.json").with_suffix(".shapes.json")
+        result["interop"] = write_interop(
+            out / "interop", gamma=gamma, model=args.drafter, calibrator=calibrator, profile=profile,
+            shapes=load_shapes(shapes_path) if shapes_path.is_file() else None, survival=survival_from_rounds(rounds),
+            draft_seconds=time_model.draft_seconds if runs else None, batch_sizes=args.concurrency)
     save_json(result, out / "bench.json")
     (out / "bench.md").write_text(bench_markdown(result))
     plot_bench(rows, out / "bench.png", title)

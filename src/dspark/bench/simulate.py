@@ -97,6 +97,10 @@ class TimeModel:
         a, b = self.overhead_drafted if drafted else self.overhead_plain
         return a + b * R
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimeModel:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
     def to_dict(self) -> dict[str, Any]:
         return {"draft": list(self.draft), "overhead_drafted": list(self.overhead_drafted),
                 "overhead_plain": list(self.overhead_plain), "prefill_seconds": self.prefill_seconds,

@@ -25,7 +25,7 @@ from dspark.drafters.config import DrafterConfig, TargetInfo
 from dspark.drafters.layers import LayerShape
 from dspark.drafters.neural import build_drafter
 
-__all__ = ["save_pretrained", "from_pretrained", "load_dflash_checkpoint", "dflash_to_dspark_keys"]
+__all__ = ["save_pretrained", "from_pretrained", "read_config", "load_dflash_checkpoint", "dflash_to_dspark_keys"]
 
 FORMAT = "dspark.drafter"
 CONFIG_NAME = "config.json"
@@ -132,16 +132,22 @@ def _load_state(drafter: Any, state: dict[str, torch.Tensor], where: Path) -> No
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
 
 
-def from_pretrained(path: str | Path, target: Any = None) -> Any:
-    """Load a drafter saved by :func:`save_pretrained`; with ``target``, check and bind it."""
+def read_config(path: str | Path) -> DrafterConfig:
+    """The :class:`DrafterConfig` of a checkpoint folder, without loading its weights."""
     root = Path(path)
     meta = _read_json(root / CONFIG_NAME)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{root / CONFIG_NAME} is not a dspark drafter config (format {meta.get('format')!r})")
     try:
-        config = DrafterConfig.from_dict(meta["config"])
+        return DrafterConfig.from_dict(meta["config"])
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{root / CONFIG_NAME}: bad drafter config: {exc}") from None
+
+
+def from_pretrained(path: str | Path, target: Any = None) -> Any:
+    """Load a drafter saved by :func:`save_pretrained`; with ``target``, check and bind it."""
+    root = Path(path)
+    config = read_config(root)
     if target is not None:
         config.target.check_compatible(_target_info(target), config.target_layer_ids)
     drafter = build_drafter(config)

@@ -1,0 +1,352 @@
+"""Writing dspark's calibration and cost profile in the formats production engines consume.
+
+Established from the engines' public sources (docs/serving.md lists them):
+
+* **TensorRT-LLM** DSpark confidence scheduling (``DSparkDecodingConfig``, PR #17056):
+  ``confidence_sts_path`` → ``{"sts_temperatures": [T_1..T_γ]}`` with c_j = σ(z_j / T_j) — the
+  same STS dspark fits; ``confidence_sps_table_path`` → the *decomposed* additive cost table
+  T(bs, M) = bias + α(bs) + θ(M), M = bs · (verify_len + 1): ``token_counts`` (M, strictly
+  increasing), ``step_time_ms`` (θ(M) > 0, extrapolating to 0 at M = 0), ``fixed_overhead_ms``
+  (bias), ``batch_sizes`` / ``batch_overhead_ms`` (α), ``_meta.lookup = "interp"``.
+* **TensorRT-LLM** main branch: ``draft_len_schedule`` {batch-size upper bound: draft length}
+  (batch sizes above the largest key: speculation off; the smallest key maps to max_draft_len).
+* **vLLM**: ``speculative_config.num_speculative_tokens_per_batch_size`` [[lo, hi, K], ...]
+  (inclusive ranges from 1, non-overlapping, K ≤ num_speculative_tokens); DSpark's adaptive
+  verification (``enable_adaptive_verification``) profiles the GPU at start-up and reads no file.
+
+The fixed-length schedules come from :func:`best_fixed_lengths`: for each batch size R the k that
+maximises R · (1 + Σ_{j≤k} s_j) / (t_draft(R)·[k > 0] + t(B(R, k))), s_j = P(accepted ≥ j).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "FormatError",
+    "additive_cost_fit",
+    "best_fixed_lengths",
+    "check_draft_len_schedule",
+    "check_trtllm_sps_table",
+    "check_trtllm_sts",
+    "check_vllm_per_batch_size",
+    "draft_len_schedule",
+    "trtllm_speculative_config",
+    "trtllm_sps_table",
+    "trtllm_sts",
+    "vllm_per_batch_size",
+    "vllm_speculative_config",
+]
+
+MIN_THETA_MS = 1e-4  # TensorRT-LLM rejects a non-positive step_time_ms
+
+
+class FormatError(ValueError):
+    """A file would not be accepted by the engine it is written for."""
+
+
+# --------------------------------------------------------------------------------------------
+# TensorRT-LLM: STS temperatures
+# --------------------------------------------------------------------------------------------
+
+
+def trtllm_sts(calibrator: Any) -> dict[str, Any]:
+    """A fitted :class:`dspark.calibration.STSCalibrator` → ``confidence_sts_path`` JSON."""
+    temps = tuple(getattr(calibrator, "temperatures", ()) or ())
+    if getattr(calibrator, "name", None) != "sts" or not temps:
+        raise FormatError("TensorRT-LLM's confidence_sts_path needs a fitted STS calibrator "
+                          f"(per-position temperatures), got {getattr(calibrator, 'name', calibrator)!r}")
+    out = {"sts_temperatures": [float(t) for t in temps]}
+    check_trtllm_sts(out)
+    return out
+
+
+def check_trtllm_sts(d: Mapping[str, Any]) -> None:
+    temps = d.get("sts_temperatures", d.get("temperatures"))
+    if not isinstance(temps, list) or not temps:
+        raise FormatError("sts_temperatures must be a non-empty list")
+    if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in temps):
+        raise FormatError("every STS temperature must be a finite number > 0")
+
+
+# --------------------------------------------------------------------------------------------
+# TensorRT-LLM: the decomposed SPS cost table
+# --------------------------------------------------------------------------------------------
+
+
+def additive_cost_fit(shapes: Mapping[tuple[int, int], float]) -> tuple[float, dict[int, float], dict[int, float]]:
+    """Measured whole-step seconds per (R, 1 + ℓ) → (bias, α(R), θ(M)) in seconds, M = R · (1 + ℓ).
+
+    Least squares of T = a_R + θ_M over one-hot unknowns; the gauge (a + c, θ − c) is fixed by
+    shifting θ so the line through its two smallest M extrapolates to 0 at M = 0; bias = min a_R,
+    α(R) = a_R − bias. Needs shapes that connect the R values through shared M (e.g. (1, 2) and
+    (2, 1)); otherwise each component would get its own offset.
+    """
+    cells = sorted(shapes.items())
+    Rs = sorted({r for (r, _), _ in cells})
+    Ms = sorted({r * w for (r, w), _ in cells})
+    if len(Ms) < 2:
+        raise FormatError("the cost table needs shapes at two or more token counts M")
+    _check_connected([(r, r * w) for (r, w), _ in cells])
+    A = np.zeros((len(cells), len(Rs) + len(Ms)))
+    y = np.array([s for _, s in cells])
+    for i, ((r, w), _) in enumerate(cells):
+        A[i, Rs.index(r)] = 1.0
+        A[i, len(Rs) + Ms.index(r * w)] = 1.0
+    x = np.linalg.lstsq(A, y, rcond=None)[0]
+    a, theta = x[: len(Rs)], x[len(Rs):]
+    slope = (theta[1] - theta[0]) / (Ms[1] - Ms[0])
+    c = theta[0] - slope * Ms[0]  # θ's intercept at M = 0
+    a, theta = a + c, theta - c
+    bias = float(a.min())
+    return bias, {r: float(v - bias) for r, v in zip(Rs, a)}, {m: float(v) for m, v in zip(Ms, theta)}
+
+
+def _check_connected(edges: Sequence[tuple[int, int]]) -> None:
+    parent: dict[Any, Any] = {}
+
+    def find(u: Any) -> Any:
+        while parent.setdefault(u, u) != u:
+            u = parent[u]
+        return u
+
+    for r, m in edges:
+        parent[find(("R", r))] = find(("M", m))
+    roots = {find(("R", r)) for r, _ in edges}
+    if len(roots) > 1:
+        raise FormatError("the measured shapes do not connect every batch size through a shared token "
+                          "count M = R·(1+ℓ); profile widths that make them meet (e.g. --widths 1,2,4,8 with "
+                          "--requests 1,2,4,8)")
+
+
+def trtllm_sps_table(profile: Any, shapes: Mapping[tuple[int, int], float] | None = None,
+                     gamma: int | None = None) -> dict[str, Any]:
+    """An :class:`dspark.cost_models.SPSProfile` (and, when known, its per-shape timings) →
+    ``confidence_sps_table_path`` JSON. With shapes: the decomposed encoding (θ, bias, α). With
+    only the profile's points: whole-step times at each B and no overhead fields (TensorRT-LLM
+    reads that as already including the step floor)."""
+    meta = {"lookup": "interp", "source": "dspark", "device": profile.device, "model": profile.model,
+            "dtype": profile.dtype, "date": profile.date, "accounting": profile.accounting}
+    if gamma:
+        meta["recommended_confidence_verify_len_tiers"] = sorted({1, math.ceil(gamma / 2), gamma})
+    if shapes:
+        bias, alpha, theta = additive_cost_fit(shapes)
+        out = {"token_counts": list(theta), "step_time_ms": [max(1e3 * t, MIN_THETA_MS) for t in theta.values()],
+               "fixed_overhead_ms": 1e3 * max(bias, 0.0), "batch_sizes": list(alpha),
+               "batch_overhead_ms": [1e3 * max(v, 0.0) for v in alpha.values()],
+               "_meta": {**meta, "encoding": "decomposed: T(bs, M) = fixed_overhead + batch_overhead(bs) + step_time(M)"}}
+    else:
+        out = {"token_counts": [int(b) for b, _ in profile.points],
+               "step_time_ms": [1e3 * float(s) for _, s in profile.points],
+               "_meta": {**meta, "encoding": "whole-step: step_time_ms already includes the per-step floor"}}
+    check_trtllm_sps_table(out)
+    return out
+
+
+def check_trtllm_sps_table(d: Mapping[str, Any]) -> None:
+    counts, times = d.get("token_counts"), d.get("step_time_ms")
+    if not isinstance(counts, list) or not isinstance(times, list) or not counts:
+        raise FormatError("token_counts and step_time_ms must be non-empty lists")
+    if len(counts) != len(times):
+        raise FormatError(f"token_counts ({len(counts)}) and step_time_ms ({len(times)}) differ in length")
+    if not all(isinstance(c, int) and c >= 0 for c in counts) or any(b <= a for a, b in zip(counts, counts[1:])):
+        raise FormatError("token_counts must be strictly increasing integers >= 0")
+    if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
+        raise FormatError("every step_time_ms must be a finite number > 0")
+    if not (isinstance(d.get("fixed_overhead_ms", 0.0), (int, float)) and d.get("fixed_overhead_ms", 0.0) >= 0):
+        raise FormatError("fixed_overhead_ms must be a number >= 0")
+    if ("batch_sizes" in d) != ("batch_overhead_ms" in d):
+        raise FormatError("batch_sizes and batch_overhead_ms come together")
+    if "batch_sizes" in d and len(d["batch_sizes"]) != len(d["batch_overhead_ms"]):
+        raise FormatError("batch_sizes and batch_overhead_ms differ in length")
+
+
+def trtllm_speculative_config(gamma: int, sts_path: str, sps_table_path: str) -> dict[str, Any]:
+    """The ``speculative_config`` block of an ``--extra_llm_api_options`` YAML for DSpark with
+    confidence scheduling (the drafter checkpoint itself must be in TensorRT-LLM's DSpark format)."""
+    return {"speculative_config": {
+        "decoding_type": "DSpark", "max_draft_len": gamma, "enable_confidence_scheduling": True,
+        "enable_ragged_verify": True, "confidence_sts_path": sts_path, "confidence_sps_table_path": sps_table_path,
+        "confidence_verify_len_tiers": sorted({1, math.ceil(gamma / 2), gamma})}}
+
+
+# --------------------------------------------------------------------------------------------
+# Fixed draft length per batch size: TensorRT-LLM draft_len_schedule, vLLM per-batch-size K
+# --------------------------------------------------------------------------------------------
+
+
+def _no_draft_time(R: int) -> float:
+    return 0.0
+
+
+def best_fixed_lengths(
+    survival: Sequence[float], cost_model: Any, batch_sizes: Sequence[int],
+    draft_seconds: Callable[[int], float] = _no_draft_time,
+) -> dict[int, int]:
+    """For each R the fixed k ∈ 0..γ of highest expected throughput (module docstring).
+
+    ``survival`` s_j = P(accepted ≥ j), j = 1..γ (e.g. from ``dspark eval``'s prefix survival);
+    ``cost_model`` gives the verification step time t(B); ``draft_seconds(R)`` the drafting time.
+    The result is made non-increasing in R (both engines expect shorter drafts at larger batches).
+    """
+    s = [float(v) for v in survival]
+    if not s or any(not 0.0 <= v <= 1.0 for v in s) or any(b > a + 1e-12 for a, b in zip(s, s[1:])):
+        raise ValueError("survival must be non-increasing probabilities s_1 ≥ s_2 ≥ ... in [0, 1]")
+    gamma, out, cap = len(s), {}, len(s)
+    for R in sorted(batch_sizes):
+        best_k, best = 0, -1.0
+        for k in range(gamma + 1):
+            B = cost_model.batch_size(torch.full((R,), k, dtype=torch.long))
+            t = float(cost_model.step_seconds(torch.tensor([B]))[0]) + (draft_seconds(R) if k else 0.0)
+            rate = R * (1.0 + sum(s[:k])) / t
+            if rate > best * (1 + 1e-9):
+                best_k, best = k, rate
+        cap = min(cap, best_k)
+        out[R] = cap
+    return out
+
+
+def _ranges(lengths: Mapping[int, int]) -> list[tuple[int, int, int]]:
+    """{R: k} over sorted R → [(lo, hi, k)] maximal runs; R values between points take the next's k."""
+    out: list[tuple[int, int, int]] = []
+    lo = 1
+    for R, k in sorted(lengths.items()):
+        if out and out[-1][2] == k:
+            out[-1] = (out[-1][0], R, k)
+        else:
+            out.append((lo, R, k))
+        lo = R + 1
+    return out
+
+
+def draft_len_schedule(lengths: Mapping[int, int]) -> dict[str, Any]:
+    """{R: k} → TensorRT-LLM ``max_draft_len`` + ``draft_len_schedule`` {upper bound: k}; batch
+    sizes above the last bound with k > 0 run without speculation."""
+    runs = [(lo, hi, k) for lo, hi, k in _ranges(lengths) if k > 0]
+    if not runs:
+        return {"max_draft_len": 0, "draft_len_schedule": {}}
+    out = {"max_draft_len": runs[0][2], "draft_len_schedule": {hi: k for _, hi, k in runs}}
+    check_draft_len_schedule(out["draft_len_schedule"], out["max_draft_len"])
+    return out
+
+
+def check_draft_len_schedule(schedule: Mapping[int, int], max_draft_len: int) -> None:
+    if not schedule:
+        return
+    keys = sorted(schedule)
+    if any(not isinstance(k, int) or k < 1 for k in keys):
+        raise FormatError("draft_len_schedule keys must be batch sizes >= 1")
+    if schedule[keys[0]] != max_draft_len:
+        raise FormatError("the smallest batch size of draft_len_schedule must map to max_draft_len")
+    if any(not 0 <= v <= max_draft_len for v in schedule.values()):
+        raise FormatError("draft_len_schedule values must lie in [0, max_draft_len]")
+
+
+def vllm_per_batch_size(lengths: Mapping[int, int], max_batch_size: int | None = None) -> list[list[int]]:
+    """{R: k} → vLLM ``num_speculative_tokens_per_batch_size`` [[lo, hi, K], ...] from 1; the last
+    range is extended to ``max_batch_size`` (then K = 0 beyond the measured sizes, as TensorRT-LLM does)."""
+    runs = [list(r) for r in _ranges(lengths)]
+    top = max(lengths)
+    if max_batch_size and max_batch_size > top:
+        if runs[-1][2] == 0:
+            runs[-1][1] = max_batch_size
+        else:
+            runs.append([top + 1, max_batch_size, 0])
+    check_vllm_per_batch_size(runs, max(k for _, _, k in runs))
+    return runs
+
+
+def check_vllm_per_batch_size(entries: Sequence[Sequence[int]], num_speculative_tokens: int) -> None:
+    if not entries or entries[0][0] != 1:
+        raise FormatError("num_speculative_tokens_per_batch_size ranges must start at batch size 1")
+    prev_hi = 0
+    for e in entries:
+        if len(e) != 3 or not all(isinstance(v, int) for v in e):
+            raise FormatError(f"entry {list(e)} must be [range_start, range_end, num_speculative_tokens]")
+        lo, hi, k = e
+        if lo <= prev_hi or hi < lo:
+            raise FormatError(f"range {list(e)} overlaps the previous one or is empty")
+        if not 0 <= k <= num_speculative_tokens:
+            raise FormatError(f"range {list(e)}: K must lie in [0, num_speculative_tokens={num_speculative_tokens}]")
+        prev_hi = hi
+
+
+def vllm_speculative_config(gamma: int, model: str, per_batch_size: list[list[int]] | None = None,
+                            adaptive: bool = False) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` JSON: DSpark with adaptive verification, or fixed K per batch size."""
+    cfg: dict[str, Any] = {"method": "dspark", "model": model, "num_speculative_tokens": gamma}
+    if adaptive:
+        cfg["enable_adaptive_verification"] = True
+    if per_batch_size is not None:
+        cfg["num_speculative_tokens_per_batch_size"] = per_batch_size
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Everything at once
+# --------------------------------------------------------------------------------------------
+
+
+def survival_from_rounds(rounds: Any) -> list[float]:
+    """s_j = P(accepted ≥ j), j = 1..γ, from rounds recorded with every position verified."""
+    gamma = rounds.confidence_logits.shape[1]
+    acc = rounds.accepted  # [N]
+    return [float((acc >= j).float().mean()) for j in range(1, gamma + 1)]
+
+
+def write_interop(
+    out: Any, *, gamma: int, model: str, calibrator: Any = None, profile: Any = None,
+    shapes: Mapping[tuple[int, int], float] | None = None, survival: Sequence[float] | None = None,
+    draft_seconds: Callable[[int], float] | None = None, batch_sizes: Sequence[int] = (),
+    max_batch_size: int = 256,
+) -> list[str]:
+    """Write every format the inputs allow under ``out`` (trtllm/, vllm/); returns what was
+    written and why anything was left out, one line each."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    out = Path(out)
+    notes: list[str] = []
+
+    def dump(rel: str, obj: Any) -> None:
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".yaml"):
+            path.write_text(yaml.safe_dump(obj, sort_keys=False))
+        else:
+            path.write_text(json.dumps(obj, indent=2) + "\n")
+        notes.append(f"wrote {path}")
+
+    if calibrator is not None and getattr(calibrator, "name", None) == "sts":
+        dump("trtllm/sts.json", trtllm_sts(calibrator))
+    else:
+        notes.append("no STS calibration: trtllm/sts.json not written")
+    if profile is not None:
+        dump("trtllm/sps_table.json", trtllm_sps_table(profile, shapes, gamma))
+    else:
+        notes.append("no cost profile: trtllm/sps_table.json not written")
+    if (out / "trtllm/sts.json").is_file() and (out / "trtllm/sps_table.json").is_file():
+        dump("trtllm/extra_llm_api_options.yaml", trtllm_speculative_config(gamma, "sts.json", "sps_table.json"))
+    dump("vllm/speculative_config.adaptive.json", vllm_speculative_config(gamma, model, adaptive=True))
+    if survival is not None and profile is not None:
+        from dspark.cost_models import SPSTableCostModel
+
+        cm = SPSTableCostModel(profile)
+        sizes = sorted(set(batch_sizes) | {1, 2, 4, 8, 16, 32, 64, 128, max_batch_size})
+        lengths = best_fixed_lengths(survival, cm, [b for b in sizes if b <= max_batch_size],
+                                     draft_seconds or _no_draft_time)
+        dump("trtllm/extra_llm_api_options.draft_len_schedule.yaml",
+             {"speculative_config": {"decoding_type": "DSpark", **draft_len_schedule(lengths)}})
+        dump("vllm/speculative_config.per_batch_size.json",
+             vllm_speculative_config(gamma, model, vllm_per_batch_size(lengths, max_batch_size)))
+        dump("best_fixed_lengths.json", {"survival": list(survival), "lengths": lengths})
+    else:
+        notes.append("no acceptance survival or profile: per-batch-size draft lengths not written")
+    return notes

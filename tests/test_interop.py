@@ -1,0 +1,137 @@
+"""Interop files for TensorRT-LLM and vLLM: each writer's output passes the consuming engine's
+documented checks (reimplemented in dspark.interop.check_*), the additive cost fit recovers a known
+model, and the per-batch-size draft lengths follow from the cost model and acceptance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+import dspark
+from dspark.calibration import STSCalibrator
+from dspark.cost_models import SPSProfile
+from dspark.interop import (
+    FormatError,
+    additive_cost_fit,
+    best_fixed_lengths,
+    check_draft_len_schedule,
+    check_trtllm_sps_table,
+    check_vllm_per_batch_size,
+    draft_len_schedule,
+    trtllm_sps_table,
+    trtllm_sts,
+    vllm_per_batch_size,
+    write_interop,
+)
+
+PROFILE = SPSProfile(device="test", model="m", dtype="bfloat16", date="2026-11-30", accounting="padded",
+                     points=[(1, 0.010), (8, 0.011), (64, 0.030), (512, 0.200)])
+
+
+def test_sts_temperatures_in_trtllm_form():
+    cal = STSCalibrator(temperatures=(0.8, 1.0, 1.7))
+    assert trtllm_sts(cal) == {"sts_temperatures": [0.8, 1.0, 1.7]}
+    # the file means the same thing as the calibrator: c_j = σ(z_j / T_j)
+    z = torch.tensor([[1.0, -2.0, 0.5]])
+    assert torch.allclose(cal.calibrate(z), torch.sigmoid(z / torch.tensor(trtllm_sts(cal)["sts_temperatures"])))
+    with pytest.raises(FormatError, match="fitted STS"):
+        trtllm_sts(dspark.get_calibrator("identity"))
+
+
+def shapes_of(bias, alpha, theta, Rs, widths):
+    return {(R, w): bias + alpha(R) + theta(R * w) for R in Rs for w in widths}
+
+
+def test_additive_fit_recovers_bias_batch_overhead_and_token_cost():
+    alpha = {1: 0.0, 2: 0.4e-3, 4: 1.0e-3, 8: 2.5e-3}.get
+    theta = lambda M: 0.05e-3 * M + (0.3e-3 if M > 16 else 0.0)  # noqa: E731  a staircase step at 16
+    bias, a, th = additive_cost_fit(shapes_of(2e-3, alpha, theta, [1, 2, 4, 8], [1, 2, 4, 8]))
+    assert bias == pytest.approx(2e-3, abs=1e-9)
+    assert all(a[R] == pytest.approx(alpha(R), abs=1e-9) for R in (1, 2, 4, 8))
+    assert all(th[M] == pytest.approx(theta(M), abs=1e-9) for M in th)
+    with pytest.raises(FormatError, match="connect"):
+        additive_cost_fit({(1, 1): 0.01, (1, 2): 0.011, (3, 1): 0.02, (3, 2): 0.021})
+
+
+def test_sps_table_decomposed_and_whole_step():
+    shapes = shapes_of(2e-3, lambda R: 1e-4 * R, lambda M: 5e-5 * M, [1, 2, 4], [1, 2, 4])
+    t = trtllm_sps_table(PROFILE, shapes, gamma=7)
+    assert t["token_counts"] == [1, 2, 4, 8, 16]
+    assert t["_meta"]["lookup"] == "interp" and t["_meta"]["recommended_confidence_verify_len_tiers"] == [1, 4, 7]
+    assert t["fixed_overhead_ms"] == pytest.approx(2.1)  # bias + α(1), α measured from R = 1
+    assert t["batch_sizes"] == [1, 2, 4] and t["batch_overhead_ms"] == pytest.approx([0.0, 0.1, 0.3])
+    assert t["step_time_ms"] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8])
+    whole = trtllm_sps_table(PROFILE)
+    assert whole["token_counts"] == [1, 8, 64, 512] and whole["step_time_ms"] == pytest.approx([10, 11, 30, 200])
+    assert "fixed_overhead_ms" not in whole
+    for bad, msg in [({"token_counts": [1, 1], "step_time_ms": [1.0, 2.0]}, "strictly increasing"),
+                     ({"token_counts": [1, 2], "step_time_ms": [1.0]}, "length"),
+                     ({"token_counts": [1], "step_time_ms": [0.0]}, "> 0"),
+                     ({"token_counts": [1], "step_time_ms": [1.0], "batch_sizes": [1]}, "together")]:
+        with pytest.raises(FormatError, match=msg):
+            check_trtllm_sps_table(bad)
+
+
+def test_best_fixed_lengths_follow_cost_and_acceptance():
+    cm = dspark.get_cost_model("sps-table", profile=PROFILE)
+    s = [0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07]
+    lengths = best_fixed_lengths(s, cm, [1, 2, 4, 8, 16, 32, 64, 128])
+    assert lengths[1] == 7  # flat cost at small B: verify everything
+    assert lengths[128] == 0  # B = 128 · (1 + k) is deep in the linear part
+    ks = [lengths[R] for R in sorted(lengths)]
+    assert ks == sorted(ks, reverse=True)
+    # a slow drafter switches speculation off at a smaller batch (and, once drafting, amortises
+    # its cost over longer drafts, so k itself need not shrink)
+    slow = best_fixed_lengths(s, cm, [1, 2, 4, 8, 16, 32, 64, 128], lambda R: 0.02)
+    assert min(R for R, k in slow.items() if k == 0) < min(R for R, k in lengths.items() if k == 0)
+    # hand check at R = 1: throughput of k is (1 + Σ s_≤k) / t(1 + k)
+    rate = lambda k: (1 + sum(s[:k])) / float(cm.step_seconds(torch.tensor([1 + k]))[0])  # noqa: E731
+    assert max(range(8), key=rate) == lengths[1]
+    with pytest.raises(ValueError, match="non-increasing"):
+        best_fixed_lengths([0.5, 0.7], cm, [1])
+
+
+def test_schedules_in_trtllm_and_vllm_form():
+    lengths = {1: 7, 2: 7, 4: 3, 8: 1, 16: 0, 32: 0}
+    assert draft_len_schedule(lengths) == {"max_draft_len": 7, "draft_len_schedule": {2: 7, 4: 3, 8: 1}}
+    assert vllm_per_batch_size(lengths, 256) == [[1, 2, 7], [3, 4, 3], [5, 8, 1], [9, 256, 0]]
+    assert vllm_per_batch_size({1: 2, 64: 1}, 256) == [[1, 1, 2], [2, 64, 1], [65, 256, 0]]
+    with pytest.raises(FormatError, match="max_draft_len"):
+        check_draft_len_schedule({1: 3, 4: 4}, 4)
+    with pytest.raises(FormatError, match="start at batch size 1"):
+        check_vllm_per_batch_size([[2, 4, 1]], 4)
+    with pytest.raises(FormatError, match="overlaps"):
+        check_vllm_per_batch_size([[1, 4, 2], [4, 8, 1]], 4)
+
+
+def test_write_interop_and_the_cli(tmp_path):
+    notes = write_interop(tmp_path / "a", gamma=7, model="drafter", calibrator=STSCalibrator(temperatures=(1.0,) * 7),
+                          profile=PROFILE, survival=[0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07])
+    assert all(n.startswith("wrote") for n in notes)
+    cfg = yaml.safe_load((tmp_path / "a/trtllm/extra_llm_api_options.yaml").read_text())["speculative_config"]
+    assert cfg["decoding_type"] == "DSpark" and cfg["confidence_sts_path"] == "sts.json" and cfg["max_draft_len"] == 7
+    sched = yaml.safe_load((tmp_path / "a/trtllm/extra_llm_api_options.draft_len_schedule.yaml").read_text())
+    check_draft_len_schedule(sched["speculative_config"]["draft_len_schedule"], sched["speculative_config"]["max_draft_len"])
+    v = json.loads((tmp_path / "a/vllm/speculative_config.per_batch_size.json").read_text())
+    check_vllm_per_batch_size(v["num_speculative_tokens_per_batch_size"], v["num_speculative_tokens"])
+    assert json.loads((tmp_path / "a/vllm/speculative_config.adaptive.json").read_text())["enable_adaptive_verification"]
+    # without STS or traces: what can be written is, the rest is named
+    notes = write_interop(tmp_path / "b", gamma=7, model="d", profile=PROFILE)
+    assert any("sts.json not written" in n for n in notes) and any("draft lengths not written" in n for n in notes)
+
+    from dspark.cli import main
+    from dspark.evaluation import Rounds
+
+    prof = tmp_path / "profile.json"
+    PROFILE.to_json(prof)
+    rounds = Rounds(("x",) * 4, torch.tensor([7, 3, 0, 1]), torch.full((4,), 7), torch.full((4,), 7),
+                    torch.zeros(4, 7), (0, 0, 1, 1), 20, 1.0)
+    (tmp_path / "rounds.json").write_text(json.dumps(rounds.to_dict()))
+    assert main(["interop", "--out", str(tmp_path / "c"), "--profile", str(prof), "--traces",
+                 str(tmp_path / "rounds.json")]) == 0
+    got = json.loads((tmp_path / "c/best_fixed_lengths.json").read_text())
+    assert got["survival"] == [0.75, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25]
+    assert json.loads((tmp_path / "c/trtllm/sts.json").read_text())["sts_temperatures"]  # the shipped STS
