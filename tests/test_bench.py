@@ -32,7 +32,7 @@ from dspark.bench.cli import build_engine
 from dspark.bench.report import aggregate, agreement, bench_markdown, plot_bench, ratios
 from dspark.engine import Engine
 from dspark.evaluation import collect_rounds
-from dspark.gating import DraftGate, gate_prefers_plain
+from dspark.gating import DraftGate, batch_bucket
 from dspark.profiling import profile_from_shapes, time_shapes
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
@@ -155,19 +155,24 @@ def test_run_level_serves_every_request_within_the_concurrency(model, arrival):
 # -- the draft gate ------------------------------------------------------------------------------
 
 
-def test_gate_compares_speculative_and_plain_rates():
+def test_gate_compares_measured_speculative_and_plain_rates():
+    assert [batch_bucket(r) for r in (1, 2, 3, 4, 7, 8, 100)] == [1, 2, 2, 4, 4, 8, 64]
     cm = cost_model([(1, 0.010), (4, 0.012), (16, 0.020)])
-    # R = 2: plain 2 tokens / t(2) = 2 / 0.01067; speculative τ̂ = 3.5 over t_d + t(B = 8) = 0.002 + 0.01467.
-    assert not gate_prefers_plain(3.5, 8, 2, 0.002, cm)
-    assert gate_prefers_plain(2.2, 8, 2, 0.002, cm)
-    assert gate_prefers_plain(3.5, 8, 2, 0.020, cm)  # a slow drafter does not pay
-    g = DraftGate(min_backoff=2, max_backoff=4)
+    g = DraftGate(min_backoff=2, max_backoff=4, weight=0.5)
     assert g.should_draft()
-    assert g.update(2.2, 8, 2, 0.002, cm)  # plain wins → skip 2 rounds
+    # drafted: 3 tokens in 20 ms = 150 tok/s; no plain round measured yet → cost model: 2 / t(2) = 187.5
+    assert g.observe(2, True, 3, 0.020, cm)
     assert [g.should_draft() for _ in range(3)] == [False, False, True]
-    assert g.update(2.2, 8, 2, 0.002, cm)  # again → 4
-    assert [g.should_draft() for _ in range(5)] == [False] * 4 + [True]
-    assert not g.update(3.5, 8, 2, 0.002, cm) and g.should_draft()  # a win resets
+    assert not g.observe(2, False, 2, 0.020, cm) and g.plain_rate[2] == 100.0  # measured plain now
+    assert not g.observe(3, True, 4, 0.020, cm)  # bucket 2: speculative (150 + 200) / 2 = 175 > 100
+    assert g.should_draft() and g.backoff == 0
+    g.observe(2, False, 2, 0.004, cm)  # plain EMA (100 + 500) / 2 = 300
+    assert g.observe(2, True, 3, 0.020, cm) and g.skip == 2  # 162.5 < 300: skip 2, then 4, then 4
+    g.skip = 0
+    assert g.observe(2, True, 3, 0.020, cm) and g.skip == 4
+    g.skip = 0
+    assert g.observe(2, True, 3, 0.020, cm) and g.skip == 4
+    assert 8 not in g.speculative_rate and not g.observe(8, True, 40, 0.020, cm)  # buckets are apart
 
 
 @pytest.mark.parametrize("kind", ["dspark", "eagle3"])

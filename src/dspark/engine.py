@@ -280,8 +280,6 @@ class Engine:
             plan = self.scheduler.schedule(c, block.valid_lengths, self.cost_model)
             t_draft = time.perf_counter() - t0
             lengths, expected = plan.lengths, plan.expected_tokens  # [R]
-            if self.draft_gate is not None:
-                self.draft_gate.update(expected, self.cost_model.batch_size(lengths), R, t_draft, self.cost_model)
             gamma = block.gamma
             tokens = torch.cat([anchors[:, None], block.tokens], dim=1)  # [R, 1+γ]
         before = [self.target.cached_length(rid) for rid in rids]
@@ -333,6 +331,8 @@ class Engine:
         self.rounds += 1
         B = (self.cost_model.batch_size(lengths) if self.cost_model is not None
              else R * (1 + int(lengths.max())))
+        if self.draft_gate is not None:
+            self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, self.cost_model)
         self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
                                     t_draft, t_target, seconds)
         return outputs

@@ -1,18 +1,20 @@
 """The draft gate: stop drafting while drafting does not pay for itself.
 
 The scheduler decides *after* the drafter ran, so even its ℓ = 0 schedule pays the drafting time.
-At saturation (large R on a compute-bound target) the best schedule is plain decoding and the
-drafter's forward is pure overhead; the paper's claim "never below plain decoding" needs the engine
-to skip it. Terms: after a drafted round with R requests, the scheduler's expected committed tokens
-τ̂ and verification batch B, measured drafting seconds t_d, and the cost model's step time t(B):
+At saturation (large R on a compute-bound target) plain decoding is fastest and the drafter's
+forward is pure overhead; "never below plain decoding" needs the engine to skip it.
 
-    speculative rate  = τ̂ / (t_d + t(B))
-    plain rate        = R / t(B₀),     B₀ = the batch of ℓ = 0 for all R requests.
+The gate compares measured rates, per batch-size bucket (R rounded down to a power of two):
 
-When plain wins (by ``margin``) the next ``backoff`` rounds skip the drafter (plain verification
-through the same target; the drafter's context catches up on the next drafted round). Each
-consecutive loss doubles the backoff up to ``max_backoff``; a win resets it. Skipping a round is
-lossless: it is plain decoding.
+    speculative rate  = EMA over drafted rounds of  Σ_r (accepted_r + 1) / round seconds
+    plain rate        = EMA over plain rounds of    R / round seconds
+                        (before any plain round of this bucket ran: R / t(B₀) from the cost model)
+
+Measured, because what decides is the whole round — drafting, the drafter catching up on skipped
+tokens, verification, sampling — and the calibrated τ̂ and the cost model describe only part of
+it. After each drafted round, if plain is faster (by ``margin``) the next ``backoff`` rounds skip
+the drafter; each consecutive loss doubles the backoff up to ``max_backoff``, a win resets it.
+Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
 
 from __future__ import annotations
@@ -22,31 +24,32 @@ from attrs import define, field, validators
 
 from dspark.protocols.cost_model import CostModel
 
-__all__ = ["DraftGate", "gate_prefers_plain"]
+__all__ = ["DraftGate", "batch_bucket"]
 
 
-def gate_prefers_plain(
-    expected_tokens: float, batch_size: int, num_requests: int, draft_seconds: float,
-    cost_model: CostModel, margin: float = 1.0,
-) -> bool:
-    """True when R / t(B₀) > margin · τ̂ / (t_d + t(B)) (module docstring)."""
-    plain_batch = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
-    t = cost_model.step_seconds(torch.tensor([batch_size, plain_batch])).tolist()  # [2] seconds
-    speculative = expected_tokens / (draft_seconds + t[0])
-    plain = num_requests / t[1]
-    return plain > margin * speculative
+def batch_bucket(num_requests: int) -> int:
+    """R → the power of two at or below it (1, 2, 4, ...): rates are compared within a bucket."""
+    return 1 << (max(num_requests, 1).bit_length() - 1)
+
+
+def _ema(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
 
 
 @define
 class DraftGate:
-    """Stateful gate owned by one engine (see the module docstring). ``margin`` > 1 favours drafting."""
+    """Stateful gate owned by one engine (module docstring). ``margin`` > 1 favours drafting;
+    ``weight`` is the EMA weight of the newest round."""
 
     min_backoff: int = field(default=2, validator=[validators.instance_of(int), validators.ge(1)])
     max_backoff: int = field(default=32, validator=[validators.instance_of(int), validators.ge(1)])
     margin: float = field(default=1.0, converter=float, validator=validators.gt(0.0))
+    weight: float = field(default=0.3, converter=float, validator=[validators.gt(0.0), validators.le(1.0)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
+    speculative_rate: dict[int, float] = field(factory=dict, init=False)  # bucket → tokens / s
+    plain_rate: dict[int, float] = field(factory=dict, init=False)
 
     def should_draft(self) -> bool:
         """Call once per round; False consumes one skipped round."""
@@ -56,11 +59,21 @@ class DraftGate:
             return False
         return True
 
-    def update(self, expected_tokens: float, batch_size: int, num_requests: int, draft_seconds: float,
-               cost_model: CostModel) -> bool:
-        """Record a drafted round; returns True when the following rounds will skip drafting."""
-        if gate_prefers_plain(expected_tokens, batch_size, num_requests, draft_seconds, cost_model,
-                              self.margin):
+    def observe(self, num_requests: int, drafted: bool, committed: int, seconds: float,
+                cost_model: CostModel) -> bool:
+        """Record a finished round (R, drafted?, tokens committed, its seconds); returns True when
+        the following rounds will skip drafting."""
+        b = batch_bucket(num_requests)
+        rate = committed / max(seconds, 1e-9)
+        if not drafted:
+            self.plain_rate[b] = _ema(self.plain_rate.get(b), rate, self.weight)
+            return False
+        self.speculative_rate[b] = _ema(self.speculative_rate.get(b), rate, self.weight)
+        plain = self.plain_rate.get(b)
+        if plain is None:  # no plain round measured at this size yet: the cost model's estimate
+            B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
+            plain = num_requests / float(cost_model.step_seconds(torch.tensor([B0]))[0])
+        if plain > self.margin * self.speculative_rate[b]:
             self.skip = self.backoff or self.min_backoff
             self.backoff = min(2 * self.skip, self.max_backoff)
             return True

@@ -183,8 +183,6 @@ def simulate_level(
             lengths = plan.lengths  # [R]
             accepted = torch.minimum(full_acc, lengths)  # [R]
             draft_s = time_model.draft_seconds(R, gamma, cost_model)
-            if draft_gate is not None:
-                draft_gate.update(plan.expected_tokens, cost_model.batch_size(lengths), R, draft_s, cost_model)
             for q in active:
                 q.cursor += 1
         else:
@@ -196,6 +194,8 @@ def simulate_level(
         rounds.append(RoundRecord(clock, seconds, R, int(lengths.sum()), int(lengths.max()), int(B),
                                   int(accepted.sum()), drafted, draft_s, target_s))
         clock += seconds
+        if draft_gate is not None:
+            draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model)
         still = []
         for q, acc in zip(active, accepted.tolist()):
             rec = q.record
