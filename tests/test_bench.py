@@ -158,20 +158,26 @@ def test_run_level_serves_every_request_within_the_concurrency(model, arrival):
 def test_gate_compares_measured_speculative_and_plain_rates():
     assert [batch_bucket(r) for r in (1, 2, 3, 4, 7, 8, 100)] == [1, 2, 2, 4, 4, 8, 64]
     cm = cost_model([(1, 0.010), (4, 0.012), (16, 0.020)])
-    g = DraftGate(min_backoff=2, max_backoff=4, weight=0.5)
+    g = DraftGate(min_backoff=2, max_backoff=8, weight=0.5)
     assert g.should_draft()
     # drafted: 3 tokens in 20 ms = 150 tok/s; no plain round measured yet → cost model: 2 / t(2) = 187.5
-    assert g.observe(2, True, 3, 0.020, cm)
-    assert [g.should_draft() for _ in range(3)] == [False, False, True]
+    assert g.observe(2, True, 3, 0.020, cm)  # loss 1.25 → skip ceil(2 · 1.25³) = 4 rounds
+    assert [g.should_draft() for _ in range(5)] == [False] * 4 + [True]
     assert not g.observe(2, False, 2, 0.020, cm) and g.plain_rate[2] == 100.0  # measured plain now
     assert not g.observe(3, True, 4, 0.020, cm)  # bucket 2: speculative (150 + 200) / 2 = 175 > 100
     assert g.should_draft() and g.backoff == 0
     g.observe(2, False, 2, 0.004, cm)  # plain EMA (100 + 500) / 2 = 300
-    assert g.observe(2, True, 3, 0.020, cm) and g.skip == 2  # 162.5 < 300: skip 2, then 4, then 4
+    # speculative EMA 162.5 vs plain 300: ceil(2 · 1.85³) = 13 rounds, capped at max_backoff
+    assert g.observe(2, True, 3, 0.020, cm) and g.skip == 8 and g.backoff == 8
+    g = DraftGate(min_backoff=1, max_backoff=8, weight=1.0)
+    g.plain_rate[2] = 105.0
+    assert g.observe(2, True, 2, 0.020, cm) and g.skip == 2  # a narrow loss (1.05): ceil(1.16) = 2
     g.skip = 0
-    assert g.observe(2, True, 3, 0.020, cm) and g.skip == 4
+    assert g.observe(2, True, 2, 0.020, cm) and g.skip == 4  # and doubling: 4, 8, 8
     g.skip = 0
-    assert g.observe(2, True, 3, 0.020, cm) and g.skip == 4
+    assert g.observe(2, True, 2, 0.020, cm) and g.skip == 8
+    g.skip = 0
+    assert g.observe(2, True, 2, 0.020, cm) and g.skip == 8
     assert 8 not in g.speculative_rate and not g.observe(8, True, 40, 0.020, cm)  # buckets are apart
 
 
@@ -244,7 +250,8 @@ def test_simulation_agrees_with_a_measured_run(model):
                                          sampling=GREEDY, max_new_tokens=24)
     traces = traces_from_rounds(collect_rounds(target, drafter, prompts, GREEDY, max_new_tokens=24,
                                                progress=False), 24)
-    tm = fit_time_model(list(runs.values()))
+    tm = fit_time_model(list(runs.values()), cm)
+    assert 0.9 < tm.target_scale < 1.1  # the profile was measured on the same target
     for (label, c), measured in runs.items():
         s = parse_scheduler_spec(label)
         sim = simulate_level(traces, s, scheduler=None if s.plain else dspark.get_scheduler(s.name, **s.config),

@@ -12,12 +12,15 @@ The gate compares measured rates, per batch-size bucket (R rounded down to a pow
 
 Measured, because what decides is the whole round — drafting, the drafter catching up on skipped
 tokens, verification, sampling — and the calibrated τ̂ and the cost model describe only part of
-it. After each drafted round, if plain is faster (by ``margin``) the next ``backoff`` rounds skip
-the drafter; each consecutive loss doubles the backoff up to ``max_backoff``, a win resets it.
+it. After each drafted round, if plain is faster (by ``margin``) the next rounds skip the drafter:
+``min_backoff`` · (plain / speculative)³ of them, doubling on each consecutive loss up to
+``max_backoff``; a win resets it.
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from attrs import define, field, validators
@@ -42,7 +45,7 @@ class DraftGate:
     ``weight`` is the EMA weight of the newest round."""
 
     min_backoff: int = field(default=2, validator=[validators.instance_of(int), validators.ge(1)])
-    max_backoff: int = field(default=32, validator=[validators.instance_of(int), validators.ge(1)])
+    max_backoff: int = field(default=64, validator=[validators.instance_of(int), validators.ge(1)])
     margin: float = field(default=1.0, converter=float, validator=validators.gt(0.0))
     weight: float = field(default=0.3, converter=float, validator=[validators.gt(0.0), validators.le(1.0)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
@@ -73,8 +76,11 @@ class DraftGate:
         if plain is None:  # no plain round measured at this size yet: the cost model's estimate
             B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
             plain = num_requests / float(cost_model.step_seconds(torch.tensor([B0]))[0])
-        if plain > self.margin * self.speculative_rate[b]:
-            self.skip = self.backoff or self.min_backoff
+        loss = plain / (self.margin * self.speculative_rate[b])
+        if loss > 1.0:
+            # The clearer the loss, the longer the first skip (a probe costs a drafted round plus
+            # the drafter catching up): min_backoff · loss³, doubling on each further loss.
+            self.skip = min(max(self.backoff, math.ceil(self.min_backoff * loss**3)), self.max_backoff)
             self.backoff = min(2 * self.skip, self.max_backoff)
             return True
         self.backoff = 0

@@ -151,7 +151,7 @@ def run_bench(args: Any) -> int:
         traces = traces_from_rounds(rounds, args.max_new_tokens)
         sim_cost, sim_desc = _sim_cost_model(args, cost)
         if runs and args.sim_cost_model == "profile":
-            time_model = fit_time_model(runs)
+            time_model = fit_time_model(runs, cost)
         elif args.time_model:
             time_model = TimeModel.from_dict(json.loads(Path(args.time_model).read_text())["time_model"])
         else:

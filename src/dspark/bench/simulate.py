@@ -85,6 +85,7 @@ class TimeModel:
     overhead_plain: tuple[float, float] = (0.0, 0.0)
     prefill_seconds: float = 0.0
     draft_fraction: float = 0.0
+    target_scale: float = 1.0  # measured verification time / the cost model's (context length, load)
 
     def draft_seconds(self, R: int, gamma: int = 0, cost_model: Any = None) -> float:
         seconds = self.draft[0] + self.draft[1] * R
@@ -104,12 +105,13 @@ class TimeModel:
     def to_dict(self) -> dict[str, Any]:
         return {"draft": list(self.draft), "overhead_drafted": list(self.overhead_drafted),
                 "overhead_plain": list(self.overhead_plain), "prefill_seconds": self.prefill_seconds,
-                "draft_fraction": self.draft_fraction}
+                "draft_fraction": self.draft_fraction, "target_scale": self.target_scale}
 
 
-def fit_time_model(runs: Sequence[LevelRun]) -> TimeModel:
-    """Fit the drafting time, the engine overhead (round − draft − target) and the prefill time
-    from measured runs, so that a simulation on the same machine adds what the cost model lacks."""
+def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeModel:
+    """Fit the drafting time, the engine overhead (round − draft − target), the prefill time and
+    (with ``cost_model``) the ratio of measured verification time to the model's from measured
+    runs, so that a simulation on the same machine adds what the cost model lacks."""
     rounds = [r for run in runs for r in run.rounds]
     drafted = [r for r in rounds if r.drafted]
     plain = [r for r in rounds if not r.drafted]
@@ -119,8 +121,13 @@ def fit_time_model(runs: Sequence[LevelRun]) -> TimeModel:
         return _affine([r.num_requests for r in rs],
                        [max(r.seconds - r.draft_seconds - r.target_seconds, 0.0) for r in rs])
 
+    scale = 1.0
+    if cost_model is not None and rounds:
+        modelled = cost_model.step_seconds(torch.tensor([r.batch_size for r in rounds])).sum()
+        scale = float(sum(r.target_seconds for r in rounds) / modelled)
     return TimeModel(_affine([r.num_requests for r in drafted], [r.draft_seconds for r in drafted]),
-                     overhead(drafted), overhead(plain), float(np.median(prefill)) if prefill else 0.0)
+                     overhead(drafted), overhead(plain), float(np.median(prefill)) if prefill else 0.0,
+                     target_scale=scale)
 
 
 @define
@@ -189,7 +196,7 @@ def simulate_level(
             lengths = torch.zeros(R, dtype=torch.long)
             accepted = torch.zeros(R, dtype=torch.long)
         B = cost_model.batch_size(lengths)
-        target_s = float(cost_model.step_seconds(torch.tensor([B]))[0])
+        target_s = time_model.target_scale * float(cost_model.step_seconds(torch.tensor([B]))[0])
         seconds = draft_s + target_s + time_model.overhead(R, drafted)
         rounds.append(RoundRecord(clock, seconds, R, int(lengths.sum()), int(lengths.max()), int(B),
                                   int(accepted.sum()), drafted, draft_s, target_s))
