@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 
 @pytest.fixture(scope="module")
@@ -31,3 +32,17 @@ def run_with_late_join(engine, prompts, max_new_tokens):
     for _ in engine.stream():
         pass
     return rids, {c.request_id: c for c in engine.pop_finished()}
+
+
+def tiny_causal_lm(arch: str = "llama", *, vocab_size: int = 32, num_layers: int = 4, max_positions: int = 128,
+                   init_range: float = 0.3, seed: int = 0):
+    """A tiny randomly initialised HF causal LM (d = 32, 4 heads, 2 KV heads) without EOS, so
+    greedy decodes run to max_new_tokens."""
+    torch.manual_seed(seed)
+    cls = LlamaConfig if arch == "llama" else Qwen3Config
+    cfg = cls(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=num_layers, num_attention_heads=4,
+              num_key_value_heads=2, intermediate_size=64, max_position_embeddings=max_positions,
+              initializer_range=init_range)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model.generation_config.eos_token_id = None
+    return model

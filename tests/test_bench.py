@@ -11,9 +11,9 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 import dspark
+from conftest import tiny_causal_lm
 from dspark.bench import (
     LevelRun,
     RequestRecord,
@@ -50,13 +50,7 @@ def cost_model(points):
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
-                      initializer_range=0.3)
-    m = AutoModelForCausalLM.from_config(cfg).eval()
-    m.generation_config.eos_token_id = None
-    return m
+    return tiny_causal_lm(vocab_size=V, max_positions=256)
 
 
 PROMPTS = [torch.tensor(p) for p in ([3, 5, 7, 3, 5, 7, 3, 5], [2, 9, 4, 4, 11, 2, 9, 4], [1, 2, 1, 2, 1, 2])]
@@ -158,27 +152,29 @@ def test_run_level_serves_every_request_within_the_concurrency(model, arrival):
 def test_gate_compares_measured_speculative_and_plain_rates():
     assert [batch_bucket(r) for r in (1, 2, 3, 4, 7, 8, 100)] == [1, 2, 2, 4, 4, 8, 64]
     cm = cost_model([(1, 0.010), (4, 0.012), (16, 0.020)])
-    g = DraftGate(min_backoff=2, max_backoff=8, weight=0.5)
+    g = DraftGate(min_backoff=2, max_backoff=8, decay=0.5, min_evidence=2)
     assert g.should_draft()
     # drafted: 3 tokens in 20 ms = 150 tok/s; no plain round measured yet → cost model: 2 / t(2) = 187.5
     assert g.observe(2, True, 3, 0.020, cm)  # loss 1.25 → skip ceil(2 · 1.25³) = 4 rounds
     assert [g.should_draft() for _ in range(5)] == [False] * 4 + [True]
-    assert not g.observe(2, False, 2, 0.020, cm) and g.plain_rate[2] == 100.0  # measured plain now
-    assert not g.observe(3, True, 4, 0.020, cm)  # bucket 2: speculative (150 + 200) / 2 = 175 > 100
-    assert g.should_draft() and g.backoff == 0
-    g.observe(2, False, 2, 0.004, cm)  # plain EMA (100 + 500) / 2 = 300
-    # speculative EMA 162.5 vs plain 300: ceil(2 · 1.85³) = 13 rounds, capped at max_backoff
-    assert g.observe(2, True, 3, 0.020, cm) and g.skip == 8 and g.backoff == 8
-    g = DraftGate(min_backoff=1, max_backoff=8, weight=1.0)
-    g.plain_rate[2] = 105.0
-    assert g.observe(2, True, 2, 0.020, cm) and g.skip == 2  # a narrow loss (1.05): ceil(1.16) = 2
-    g.skip = 0
-    assert g.observe(2, True, 2, 0.020, cm) and g.skip == 4  # and doubling: 4, 8, 8
-    g.skip = 0
-    assert g.observe(2, True, 2, 0.020, cm) and g.skip == 8
-    g.skip = 0
-    assert g.observe(2, True, 2, 0.020, cm) and g.skip == 8
-    assert 8 not in g.speculative_rate and not g.observe(8, True, 40, 0.020, cm)  # buckets are apart
+    assert not g.observe(2, False, 2, 0.020, cm) and g.plain[2].rate == 100.0  # measured plain now
+    # bucket 2, decayed sums: (0.5·3 + 4) / (0.5·0.02 + 0.02) = 183.3 tok/s > 100: draft on
+    assert not g.observe(3, True, 4, 0.020, cm) and g.should_draft() and g.backoff == 0
+    g.observe(2, False, 2, 0.004, cm)  # plain (0.5·2 + 2) / (0.5·0.02 + 0.004) = 214.3
+    assert g.observe(2, True, 3, 0.020, cm)  # speculative 5.75 / 0.035 = 164.3: loss 1.30
+    assert g.skip == 5 and g.backoff == 8  # ceil(2 · 1.30³) = 5, then doubling, capped
+    assert 8 not in g.speculative and not g.observe(8, True, 40, 0.020, cm)  # buckets are apart
+    # too little evidence: one round of R = 1 never decides
+    assert not DraftGate().observe(1, True, 1, 0.1, cm)
+    # a narrow loss starts short and doubles: 2, 4, 8, 8
+    g = DraftGate(min_backoff=1, max_backoff=8, decay=0.0, min_evidence=1)
+    g.observe(2, False, 2, 2 / 105, cm)
+    skips = []
+    for _ in range(4):
+        assert g.observe(2, True, 2, 0.020, cm)
+        skips.append(g.skip)
+        g.skip = 0
+    assert skips == [2, 4, 8, 8]
 
 
 @pytest.mark.parametrize("kind", ["dspark", "eagle3"])
@@ -305,6 +301,10 @@ def test_bench_cli_on_smollm2(tmp_path):
     assert all(r["throughput_tok_s"] > 0 and not math.isnan(r["tau"]) for r in result["rows"])
     assert (tmp_path / "bench.png").is_file() and (tmp_path / "bench.md").is_file()
     assert len(list((tmp_path / "runs").glob("*.json"))) == 10
+    for rel in ("profile.json", "profile.shapes.json", "traces.json", "interop/trtllm/sts.json",
+                "interop/trtllm/sps_table.json", "interop/vllm/speculative_config.per_batch_size.json"):
+        assert (tmp_path / rel).is_file(), rel
+    assert result["time_model"]["target_scale"] > 0 and result["agreement"]
     before = (tmp_path / "runs" / "r0-c1-plain.json").read_text()
     assert main(args) == 0  # resumes: the recorded runs are reused
     assert (tmp_path / "runs" / "r0-c1-plain.json").read_text() == before

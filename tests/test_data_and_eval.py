@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 import dspark
+from conftest import tiny_causal_lm
 from dspark.data.prompts import (
     DOMAINS,
     Prompt,
@@ -77,13 +77,7 @@ def test_jsonl_prompts_and_their_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def target():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                      initializer_range=0.3)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    model.generation_config.eos_token_id = None
-    return HFTarget(model)
+    return HFTarget(tiny_causal_lm(vocab_size=V))
 
 
 class _IdPrompt:

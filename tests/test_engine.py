@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 import dspark
-from conftest import run_with_late_join
+from conftest import run_with_late_join, tiny_causal_lm
 from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.targets import HFTarget
@@ -22,13 +21,7 @@ V = 16  # a tiny vocabulary so random drafters are accepted often enough to exer
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 def tiny_model(arch: str):
-    torch.manual_seed(0)
-    cls = LlamaConfig if arch == "llama" else Qwen3Config
-    cfg = cls(vocab_size=V, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-              intermediate_size=64, max_position_embeddings=96, initializer_range=0.3)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    model.generation_config.eos_token_id = None  # no tokenizer, no EOS: decode to max_new_tokens
-    return model
+    return tiny_causal_lm(arch, vocab_size=V, max_positions=96)  # no EOS: decode to max_new_tokens
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])

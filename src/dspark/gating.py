@@ -6,13 +6,16 @@ forward is pure overhead; "never below plain decoding" needs the engine to skip 
 
 The gate compares measured rates, per batch-size bucket (R rounded down to a power of two):
 
-    speculative rate  = EMA over drafted rounds of  Σ_r (accepted_r + 1) / round seconds
-    plain rate        = EMA over plain rounds of    R / round seconds
+    speculative rate  = Σ committed tokens / Σ seconds over drafted rounds
+    plain rate        = Σ R / Σ seconds over plain rounds
                         (before any plain round of this bucket ran: R / t(B₀) from the cost model)
 
-Measured, because what decides is the whole round — drafting, the drafter catching up on skipped
-tokens, verification, sampling — and the calibrated τ̂ and the cost model describe only part of
-it. After each drafted round, if plain is faster (by ``margin``) the next rounds skip the drafter:
+both sums exponentially decayed (``decay`` per round of that kind), so the rates follow a changing
+workload. Measured, because what decides is the whole round — drafting, the drafter catching up
+on skipped tokens, verification, sampling — and the calibrated τ̂ and the cost model describe only
+part of it. A bucket decides only once it has seen ``min_evidence`` drafted request-rounds (one
+round of R = 1 commits anywhere from 1 to γ + 1 tokens: too noisy to act on). Then, after each
+drafted round, if plain is faster (by ``margin``) the next rounds skip the drafter:
 ``min_backoff`` · (plain / speculative)³ of them, doubling on each consecutive loss up to
 ``max_backoff``; a win resets it.
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
@@ -35,24 +38,39 @@ def batch_bucket(num_requests: int) -> int:
     return 1 << (max(num_requests, 1).bit_length() - 1)
 
 
-def _ema(old: float | None, new: float, weight: float) -> float:
-    return new if old is None else (1 - weight) * old + weight * new
+@define
+class _Rate:
+    """Exponentially decayed token and second sums, and the request-rounds seen."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    evidence: int = 0
+
+    def add(self, tokens: float, seconds: float, requests: int, decay: float) -> float:
+        self.tokens = (1 - decay) * self.tokens + tokens
+        self.seconds = (1 - decay) * self.seconds + seconds
+        self.evidence += requests
+        return self.rate
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / max(self.seconds, 1e-12)
 
 
 @define
 class DraftGate:
-    """Stateful gate owned by one engine (module docstring). ``margin`` > 1 favours drafting;
-    ``weight`` is the EMA weight of the newest round."""
+    """Stateful gate owned by one engine (module docstring). ``margin`` > 1 favours drafting."""
 
     min_backoff: int = field(default=2, validator=[validators.instance_of(int), validators.ge(1)])
     max_backoff: int = field(default=64, validator=[validators.instance_of(int), validators.ge(1)])
     margin: float = field(default=1.0, converter=float, validator=validators.gt(0.0))
-    weight: float = field(default=0.3, converter=float, validator=[validators.gt(0.0), validators.le(1.0)])
+    decay: float = field(default=0.2, converter=float, validator=[validators.ge(0.0), validators.lt(1.0)])
+    min_evidence: int = field(default=8, validator=[validators.instance_of(int), validators.ge(1)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
-    speculative_rate: dict[int, float] = field(factory=dict, init=False)  # bucket → tokens / s
-    plain_rate: dict[int, float] = field(factory=dict, init=False)
+    speculative: dict[int, _Rate] = field(factory=dict, init=False)  # bucket → drafted rounds
+    plain: dict[int, _Rate] = field(factory=dict, init=False)  # bucket → plain rounds
 
     def should_draft(self) -> bool:
         """Call once per round; False consumes one skipped round."""
@@ -67,16 +85,19 @@ class DraftGate:
         """Record a finished round (R, drafted?, tokens committed, its seconds); returns True when
         the following rounds will skip drafting."""
         b = batch_bucket(num_requests)
-        rate = committed / max(seconds, 1e-9)
         if not drafted:
-            self.plain_rate[b] = _ema(self.plain_rate.get(b), rate, self.weight)
+            self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
             return False
-        self.speculative_rate[b] = _ema(self.speculative_rate.get(b), rate, self.weight)
-        plain = self.plain_rate.get(b)
-        if plain is None:  # no plain round measured at this size yet: the cost model's estimate
+        spec = self.speculative.setdefault(b, _Rate())
+        spec.add(committed, seconds, num_requests, self.decay)
+        if spec.evidence < self.min_evidence:
+            return False
+        if b in self.plain:
+            plain = self.plain[b].rate
+        else:  # no plain round measured at this size yet: the cost model's estimate
             B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
             plain = num_requests / float(cost_model.step_seconds(torch.tensor([B0]))[0])
-        loss = plain / (self.margin * self.speculative_rate[b])
+        loss = plain / (self.margin * spec.rate)
         if loss > 1.0:
             # The clearer the loss, the longer the first skip (a probe costs a drafted round plus
             # the drafter catching up): min_backoff · loss³, doubling on each further loss.
