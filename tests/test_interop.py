@@ -15,7 +15,6 @@ from dspark.calibration import STSCalibrator
 from dspark.cost_models import SPSProfile
 from dspark.interop import (
     FormatError,
-    additive_cost_fit,
     best_fixed_lengths,
     check_draft_len_schedule,
     check_trtllm_sps_table,
@@ -26,6 +25,7 @@ from dspark.interop import (
     vllm_per_batch_size,
     write_interop,
 )
+from dspark.profiling import ProfileFitError, additive_cost_fit
 
 PROFILE = SPSProfile(device="test", model="m", dtype="bfloat16", date="2026-11-30", accounting="padded",
                      points=[(1, 0.010), (8, 0.011), (64, 0.030), (512, 0.200)])
@@ -52,7 +52,7 @@ def test_additive_fit_recovers_bias_batch_overhead_and_token_cost():
     assert bias == pytest.approx(2e-3, abs=1e-9)
     assert all(a[R] == pytest.approx(alpha(R), abs=1e-9) for R in (1, 2, 4, 8))
     assert all(th[M] == pytest.approx(theta(M), abs=1e-9) for M in th)
-    with pytest.raises(FormatError, match="connect"):
+    with pytest.raises(ProfileFitError, match="connect"):
         additive_cost_fit({(1, 1): 0.01, (1, 2): 0.011, (3, 1): 0.02, (3, 2): 0.021})
 
 
@@ -135,3 +135,44 @@ def test_write_interop_and_the_cli(tmp_path):
     got = json.loads((tmp_path / "c/best_fixed_lengths.json").read_text())
     assert got["survival"] == [0.75, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25]
     assert json.loads((tmp_path / "c/trtllm/sts.json").read_text())["sts_temperatures"]  # the shipped STS
+
+
+def test_profile_from_shapes_splits_request_overhead_from_token_cost(tmp_path):
+    """One request verifying 8 tokens and 8 requests verifying one share B = 8 but not their cost:
+    the profile keeps bias + θ(B) as points and α(R) as batch_overhead, and reproduces every shape."""
+    from dspark.profiling import profile_from_shapes
+
+    alpha = {1: 0.0, 2: 1e-3, 4: 3e-3, 8: 7e-3}
+    theta = lambda M: 0.2e-3 * M  # noqa: E731
+    times = {(128, R, w): 0.02 + alpha[R] + theta(R * w) for R in alpha for w in (1, 2, 4, 8)}
+    prof = profile_from_shapes(times, model="m", dtype="bf16", device="d", repeats=1)
+    assert [r for r, _ in prof.batch_overhead] == list(alpha)
+    assert [v for _, v in prof.batch_overhead] == pytest.approx(list(alpha.values()), abs=1e-12)
+    cm = dspark.get_cost_model("sps-table", profile=prof)
+    from dspark.cost_models import round_seconds
+
+    for (_, R, w), t in times.items():
+        assert round_seconds(cm, R * w, R) == pytest.approx(t)
+    prof.to_json(tmp_path / "p.json")
+    assert SPSProfile.from_json(tmp_path / "p.json") == prof
+    bad = {**prof.to_dict(), "batch_overhead": [{"num_requests": 2, "seconds": 0.0}, {"num_requests": 1, "seconds": 0.0}]}
+    with pytest.raises(dspark.cost_models.ProfileError, match="num_requests must be an integer above 2"):
+        SPSProfile.from_json(bad)
+    # one request count only: nothing to split, no overhead recorded
+    single = profile_from_shapes({(128, 1, w): 0.02 + theta(w) for w in (1, 2, 4)}, model="m", dtype="d",
+                                 device="d", repeats=1)
+    assert single.batch_overhead == ((1, 0.0),) and len(single.points) == 3
+
+
+def test_request_overhead_lengthens_the_sps_greedy_schedule():
+    """Θ = τ / (t(B) + α(R)): a per-request overhead that every choice pays makes extra verified
+    tokens relatively cheaper, so SPS-greedy verifies further (dropping α would over-trim)."""
+    base = {"device": "t", "model": "m", "dtype": "f", "date": "d", "accounting": "padded",
+            "points": [{"batch_size": 1, "step_seconds": 0.010}, {"batch_size": 5, "step_seconds": 0.014}]}
+    c = torch.full((1, 4), 0.6)
+    sched = dspark.get_scheduler("sps-greedy")
+    plain = sched.schedule(c, torch.tensor([4]), dspark.get_cost_model("sps-table", profile=base))
+    heavy = sched.schedule(c, torch.tensor([4]), dspark.get_cost_model(
+        "sps-table", profile={**base, "batch_overhead": [{"num_requests": 1, "seconds": 0.05}]}))
+    assert plain.lengths.tolist() == [3] and heavy.lengths.tolist() == [4]
+    assert heavy.expected_throughput == pytest.approx(heavy.expected_tokens / (0.014 + 0.05))

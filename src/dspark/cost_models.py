@@ -23,6 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from attrs import field, frozen
 from attrs.validators import in_
@@ -36,8 +37,10 @@ __all__ = [
     "SPSProfile",
     "SPSTableCostModel",
     "admission_batch_sizes",
+    "batch_overhead",
     "batch_size",
     "default_profile_path",
+    "round_seconds",
     "roofline_step_seconds",
     "table_step_seconds",
 ]
@@ -94,6 +97,18 @@ def admission_batch_sizes(
     return num_requests * (1 + longest)  # [K + 1]
 
 
+def batch_overhead(cost_model: Any, num_requests: int) -> float:
+    """α(R) of any cost model: its ``batch_overhead_seconds(R)`` when it has one (plugin cost
+    models need not), else 0."""
+    fn = getattr(cost_model, "batch_overhead_seconds", None)
+    return float(fn(num_requests)) if fn is not None else 0.0
+
+
+def round_seconds(cost_model: Any, batch_size: int, num_requests: int) -> float:
+    """A whole verification step of R requests at batch B: t(B) + α(R)."""
+    return float(cost_model.step_seconds(torch.tensor([batch_size]))[0]) + batch_overhead(cost_model, num_requests)
+
+
 def _batch_tensor(value: torch.Tensor) -> torch.Tensor:
     x = torch.as_tensor(value, dtype=torch.float64)
     if not bool(torch.isfinite(x).all()) or bool((x < 0).any()):
@@ -113,6 +128,10 @@ class _Accounted:
     def sps(self, batch_size: torch.Tensor) -> torch.Tensor:
         """Steps per second, 1 / step_seconds. [K] → [K] float64."""
         return 1.0 / self.step_seconds(batch_size)
+
+    def batch_overhead_seconds(self, num_requests: int) -> float:
+        """α(R): step time that depends on the number of requests, not on B (0 unless profiled)."""
+        return 0.0
 
     def batch_size(self, lengths: torch.Tensor) -> int:
         """B for concrete prefix lengths ℓ [R] under this model's accounting."""
@@ -226,7 +245,30 @@ def _notes(_inst: object, _attr: object, value: object) -> None:
 
 
 _REQUIRED_FIELDS = ("device", "model", "dtype", "date", "accounting", "points")
-_OPTIONAL_FIELDS = ("threads", "notes")
+_OPTIONAL_FIELDS = ("threads", "notes", "batch_overhead")
+
+
+def _to_overhead(value: object) -> tuple[tuple[Any, Any], ...]:
+    """[{num_requests, seconds}] or [(R, seconds)] → ((R, seconds), ...), unvalidated."""
+    try:
+        return tuple((p["num_requests"], p["seconds"]) if isinstance(p, Mapping) else tuple(p)
+                     for p in value)  # type: ignore[attr-defined]
+    except (KeyError, TypeError, ValueError):
+        raise ProfileError("batch_overhead must be a list of {num_requests, seconds} objects, got "
+                           f"{value!r}") from None
+
+
+def _check_overhead(_inst: object, _attr: object, points: tuple[tuple[Any, Any], ...]) -> None:
+    previous = 0
+    for i, point in enumerate(points):
+        if len(point) != 2:
+            raise ProfileError(f"batch_overhead[{i}] must be a (num_requests, seconds) pair")
+        R, seconds = point
+        if not isinstance(R, int) or isinstance(R, bool) or R <= previous:
+            raise ProfileError(f"batch_overhead[{i}].num_requests must be an integer above {previous}, got {R!r}")
+        if not _is_number(seconds) or not math.isfinite(seconds) or seconds < 0:
+            raise ProfileError(f"batch_overhead[{i}].seconds must be a finite number >= 0, got {seconds!r}")
+        previous = R
 
 
 @frozen
@@ -235,6 +277,9 @@ class SPSProfile:
 
     ``points`` pairs each profiled batch size B (tokens, strictly increasing) with its step time in
     seconds; ``accounting`` says which shape B was measured as (packed or padded).
+    ``batch_overhead`` (optional) pairs request counts R with α(R), the part of a step that grows
+    with the number of requests rather than with B (separate KV caches, per-request bookkeeping):
+    a step costs points(B) + α(R), the additive model ``dspark profile`` fits (α(1) = 0).
     """
 
     device: str = field(validator=_nonempty_str)
@@ -245,6 +290,8 @@ class SPSProfile:
     points: tuple[tuple[int, float], ...] = field(converter=_to_points, validator=_check_points)
     threads: int | None = field(default=None, validator=_optional_threads)
     notes: str = field(default="", validator=_notes)
+    batch_overhead: tuple[tuple[int, float], ...] = field(default=(), converter=_to_overhead,
+                                                          validator=_check_overhead)
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -304,6 +351,8 @@ class SPSProfile:
             data["threads"] = self.threads
         if self.notes:
             data["notes"] = self.notes
+        if self.batch_overhead:
+            data["batch_overhead"] = [{"num_requests": r, "seconds": v} for r, v in self.batch_overhead]
         return data
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
@@ -413,6 +462,14 @@ class SPSTableCostModel(_Accounted):
         return table_step_seconds(
             batch_size, self._sizes, self._seconds, self.interpolation, self.extrapolate
         )
+
+    def batch_overhead_seconds(self, num_requests: int) -> float:
+        """α(R) from the profile: linear between profiled R, the last value beyond (0 if none)."""
+        points = self.profile.batch_overhead
+        if not points:
+            return 0.0
+        Rs = [float(r) for r, _ in points]
+        return float(np.interp(float(num_requests), Rs, [float(v) for _, v in points]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import math
 import torch
 from attrs import define, field, validators
 
+from dspark.cost_models import round_seconds
 from dspark.protocols.cost_model import CostModel
 
 __all__ = ["DraftGate", "batch_bucket"]
@@ -96,7 +97,7 @@ class DraftGate:
             plain = self.plain[b].rate
         else:  # no plain round measured at this size yet: the cost model's estimate
             B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
-            plain = num_requests / float(cost_model.step_seconds(torch.tensor([B0]))[0])
+            plain = num_requests / round_seconds(cost_model, B0, num_requests)
         loss = plain / (self.margin * spec.rate)
         if loss > 1.0:
             # The clearer the loss, the longer the first skip (a probe costs a drafted round plus

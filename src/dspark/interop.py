@@ -24,8 +24,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
+
+from dspark.cost_models import round_seconds
+from dspark.profiling import additive_cost_fit
 
 __all__ = [
     "FormatError",
@@ -77,51 +79,6 @@ def check_trtllm_sts(d: Mapping[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------
 # TensorRT-LLM: the decomposed SPS cost table
 # --------------------------------------------------------------------------------------------
-
-
-def additive_cost_fit(shapes: Mapping[tuple[int, int], float]) -> tuple[float, dict[int, float], dict[int, float]]:
-    """Measured whole-step seconds per (R, 1 + ℓ) → (bias, α(R), θ(M)) in seconds, M = R · (1 + ℓ).
-
-    Least squares of T = a_R + θ_M over one-hot unknowns; the gauge (a + c, θ − c) is fixed by
-    shifting θ so the line through its two smallest M extrapolates to 0 at M = 0; bias = min a_R,
-    α(R) = a_R − bias. Needs shapes that connect the R values through shared M (e.g. (1, 2) and
-    (2, 1)); otherwise each component would get its own offset.
-    """
-    cells = sorted(shapes.items())
-    Rs = sorted({r for (r, _), _ in cells})
-    Ms = sorted({r * w for (r, w), _ in cells})
-    if len(Ms) < 2:
-        raise FormatError("the cost table needs shapes at two or more token counts M")
-    _check_connected([(r, r * w) for (r, w), _ in cells])
-    A = np.zeros((len(cells), len(Rs) + len(Ms)))
-    y = np.array([s for _, s in cells])
-    for i, ((r, w), _) in enumerate(cells):
-        A[i, Rs.index(r)] = 1.0
-        A[i, len(Rs) + Ms.index(r * w)] = 1.0
-    x = np.linalg.lstsq(A, y, rcond=None)[0]
-    a, theta = x[: len(Rs)], x[len(Rs):]
-    slope = (theta[1] - theta[0]) / (Ms[1] - Ms[0])
-    c = theta[0] - slope * Ms[0]  # θ's intercept at M = 0
-    a, theta = a + c, theta - c
-    bias = float(a.min())
-    return bias, {r: float(v - bias) for r, v in zip(Rs, a)}, {m: float(v) for m, v in zip(Ms, theta)}
-
-
-def _check_connected(edges: Sequence[tuple[int, int]]) -> None:
-    parent: dict[Any, Any] = {}
-
-    def find(u: Any) -> Any:
-        while parent.setdefault(u, u) != u:
-            u = parent[u]
-        return u
-
-    for r, m in edges:
-        parent[find(("R", r))] = find(("M", m))
-    roots = {find(("R", r)) for r, _ in edges}
-    if len(roots) > 1:
-        raise FormatError("the measured shapes do not connect every batch size through a shared token "
-                          "count M = R·(1+ℓ); profile widths that make them meet (e.g. --widths 1,2,4,8 with "
-                          "--requests 1,2,4,8)")
 
 
 def trtllm_sps_table(profile: Any, shapes: Mapping[tuple[int, int], float] | None = None,
@@ -202,7 +159,7 @@ def best_fixed_lengths(
         best_k, best = 0, -1.0
         for k in range(gamma + 1):
             B = cost_model.batch_size(torch.full((R,), k, dtype=torch.long))
-            t = float(cost_model.step_seconds(torch.tensor([B]))[0]) + (draft_seconds(R) if k else 0.0)
+            t = round_seconds(cost_model, B, R) + (draft_seconds(R) if k else 0.0)
             rate = R * (1.0 + sum(s[:k])) / t
             if rate > best * (1 + 1e-9):
                 best_k, best = k, rate

@@ -2,27 +2,36 @@
 
 ``dspark profile`` times :meth:`HFTarget.verify` for R requests × (1 + ℓ) tokens each over
 ``contexts`` tokens of KV cache, the shapes the engine runs (padded batches: B = R · (1 + ℓ)).
-Every shape is timed ``repeats`` times after one warm-up, rolling the caches back after every step;
-the median is kept. The profile's points are, per B, the largest median among the shapes that
-share B at the *main* context (the first of ``contexts``); every (context, R, 1 + ℓ) median is
-kept in ``shapes`` so a user can see how much longer contexts cost.
+Every shape is timed ``repeats`` times after one warm-up, in sweeps over all shapes in a random
+order (so drift does not bias the shapes measured last), rolling the caches back after every step;
+the median is kept. At the *main* context (the first of ``contexts``) the shapes are split into
+t(R, B) = bias + α(R) + θ(B) (:func:`additive_cost_fit`): the profile's points are bias + θ(B)
+and its ``batch_overhead`` α(R). Every (context, R, 1 + ℓ) median is kept in the shapes file so a
+user can see how much longer contexts cost.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dspark.cost_models import SPSProfile
 
-__all__ = ["cpu_name", "time_shapes", "profile_from_shapes", "save_shapes", "load_shapes"]
+__all__ = ["ProfileFitError", "additive_cost_fit", "cpu_name", "time_shapes", "profile_from_shapes",
+           "save_shapes", "load_shapes"]
+
+
+class ProfileFitError(ValueError):
+    """The measured shapes cannot be split into α(R) + θ(M)."""
 
 
 def cpu_name() -> str:
@@ -64,32 +73,36 @@ def time_shapes(
         raise ValueError(f"context {max(contexts)} + {max(widths)} verified tokens exceeds the target's "
                          f"context window ({target.max_context})")
     g = torch.Generator().manual_seed(seed)
+    order = random.Random(seed)
     times: dict[tuple[int, int, int], float] = {}
-    with tqdm(total=len(contexts) * len(requests) * len(widths), desc="profiling verification",
+    shapes = [(R, w) for R in requests for w in widths]
+    with tqdm(total=len(contexts) * len(shapes) * (1 + repeats), desc="profiling verification",
               disable=not progress) as bar:
         for ctx in contexts:
             ids = [f"profile-{ctx}-{i}" for i in range(max(requests))]
             for rid in ids:  # context + 1 prompt tokens: the cache holds `ctx`, the last one is the anchor
                 target.prefill([rid], [torch.randint(target.vocab_size, (ctx + 1,), generator=g)])
             keep = torch.full((len(ids),), ctx)
+            samples: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
             try:
-                for R in requests:
-                    for width in widths:
+                # Sweeps over every shape in a fresh random order, the first a warm-up: a drift of
+                # the machine's speed (other load, clocks) spreads over all shapes instead of
+                # landing on the ones measured last.
+                for sweep in range(1 + repeats):
+                    for R, width in order.sample(shapes, len(shapes)):
                         tokens = torch.randint(target.vocab_size, (R, width), generator=g)
-                        lengths = torch.full((R,), width - 1)
-                        samples = []
-                        for step in range(1 + repeats):  # the first one warms up
-                            t0 = time.perf_counter()
-                            target.verify(ids[:R], tokens, lengths)
-                            elapsed = time.perf_counter() - t0
-                            target.rollback(ids[:R], keep[:R])
-                            if step:
-                                samples.append(elapsed)
-                        times[ctx, R, width] = statistics.median(samples)
+                        t0 = time.perf_counter()
+                        target.verify(ids[:R], tokens, torch.full((R,), width - 1))
+                        elapsed = time.perf_counter() - t0
+                        target.rollback(ids[:R], keep[:R])
+                        if sweep:
+                            samples[R, width].append(elapsed)
                         bar.update(1)
             finally:
                 for rid in ids:
                     target.release(rid)
+            for (R, width), xs in samples.items():
+                times[ctx, R, width] = statistics.median(xs)
     return times
 
 
@@ -120,22 +133,83 @@ def load_shapes(path: str | Path, context: int | None = None) -> dict[tuple[int,
     return out
 
 
+def additive_cost_fit(shapes: Mapping[tuple[int, int], float]) -> tuple[float, dict[int, float], dict[int, float]]:
+    """Measured whole-step seconds per (R, 1 + ℓ) → (bias, α(R), θ(M)) in seconds, M = R · (1 + ℓ).
+
+    Least squares of T = a_R + θ_M over one-hot unknowns; the gauge (a + c, θ − c) is fixed by
+    shifting θ so the line through its two smallest M extrapolates to 0 at M = 0; bias = min a_R,
+    α(R) = a_R − bias. Needs shapes that connect the R values through shared M (e.g. (1, 2) and
+    (2, 1)); otherwise each component would get its own offset.
+    """
+    cells = sorted(shapes.items())
+    Rs = sorted({r for (r, _), _ in cells})
+    Ms = sorted({r * w for (r, w), _ in cells})
+    if len(Ms) < 2:
+        raise ProfileFitError("the cost table needs shapes at two or more token counts M")
+    _check_connected([(r, r * w) for (r, w), _ in cells])
+    A = np.zeros((len(cells), len(Rs) + len(Ms)))
+    y = np.array([s for _, s in cells])
+    for i, ((r, w), _) in enumerate(cells):
+        A[i, Rs.index(r)] = 1.0
+        A[i, len(Rs) + Ms.index(r * w)] = 1.0
+    x = np.linalg.lstsq(A, y, rcond=None)[0]
+    a, theta = x[: len(Rs)], x[len(Rs):]
+    slope = (theta[1] - theta[0]) / (Ms[1] - Ms[0])
+    c = theta[0] - slope * Ms[0]  # θ's intercept at M = 0
+    a, theta = a + c, theta - c
+    bias = float(a.min())
+    return bias, {r: float(v - bias) for r, v in zip(Rs, a)}, {m: float(v) for m, v in zip(Ms, theta)}
+
+
+def _check_connected(edges: Sequence[tuple[int, int]]) -> None:
+    parent: dict[Any, Any] = {}
+
+    def find(u: Any) -> Any:
+        while parent.setdefault(u, u) != u:
+            u = parent[u]
+        return u
+
+    for r, m in edges:
+        parent[find(("R", r))] = find(("M", m))
+    roots = {find(("R", r)) for r, _ in edges}
+    if len(roots) > 1:
+        raise ProfileFitError("the measured shapes do not connect every batch size through a shared token "
+                          "count M = R·(1+ℓ); profile widths that make them meet (e.g. --widths 1,2,4,8 with "
+                          "--requests 1,2,4,8)")
+
+
 def profile_from_shapes(
     times: dict[tuple[int, int, int], float], *, model: str, dtype: str, device: str, repeats: int,
     source: str = "dspark profile",
 ) -> SPSProfile:
-    """The ``sps-table`` profile of the main (first-timed) context; B = R · (1 + ℓ), padded."""
+    """The ``sps-table`` profile of the main (first-timed) context, B = R · (1 + ℓ) padded.
+
+    The shapes are split into the additive model t(R, B) = bias + α(R) + θ(B)
+    (:func:`additive_cost_fit`): points are bias + θ(B), ``batch_overhead`` α(R) — one request
+    verifying 8 tokens and 8 requests verifying one each share B = 8 but not their cost. When the
+    shapes cannot be split (one R, or R values not linked through a shared B), each B keeps the
+    largest median among the shapes that share it and no overhead is recorded.
+    """
     main_ctx = next(iter(times))[0]
-    by_b: dict[int, float] = {}
-    for (ctx, R, width), seconds in times.items():
-        if ctx == main_ctx:
+    main = {(R, w): s for (ctx, R, w), s in times.items() if ctx == main_ctx}
+    overhead: list[tuple[int, float]] = []
+    try:
+        bias, alpha, theta = additive_cost_fit(main)
+        points = [(M, max(bias + t, 1e-6)) for M, t in theta.items()]
+        overhead = sorted(alpha.items())
+        how = "split additively: points = bias + theta(B), batch_overhead = alpha(R)"
+    except ProfileFitError:
+        by_b: dict[int, float] = {}
+        for (R, width), seconds in main.items():
             by_b[R * width] = max(by_b.get(R * width, 0.0), seconds)
+        points = sorted(by_b.items())
+        how = "where shapes share B the largest median is kept"
     threads = torch.get_num_threads()
     contexts = sorted({c for c, _, _ in times})
     return SPSProfile(
         device=device, model=model, dtype=dtype, date=time.strftime("%Y-%m-%d"), accounting="padded",
-        points=sorted(by_b.items()), threads=threads,
+        points=points, threads=threads, batch_overhead=overhead,
         notes=(f"{source}: HFTarget.verify, R x (1 + l) tokens over a {main_ctx}-token context (other "
                f"contexts timed: {contexts}), median of {repeats} after one warm-up, torch {torch.__version__}, "
-               f"{threads} threads. B = R * (1 + l) padded tokens; where shapes share B the largest median is kept."),
+               f"{threads} threads. B = R * (1 + l) padded tokens; {how}."),
     )

@@ -4,7 +4,9 @@ Terms, once (DESIGN.md §2–3). R requests, block size γ. c_{r,j} ∈ [0, 1] i
 probability that draft position j is accepted given positions < j were; a_{r,j} = Π_{i≤j} c_{r,i}
 the prefix survival. A schedule picks ℓ_r (0 ≤ ℓ_r ≤ valid_r ≤ γ). Expected committed tokens
 τ(ℓ) = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}); verification batch B(ℓ) under the cost model's accounting;
-expected throughput Θ = τ · SPS(B).
+expected throughput Θ = τ · SPS(B), or τ / (t(B) + α(R)) when the cost model profiles a
+per-request overhead α(R) (``batch_overhead_seconds``: constant across one round's choices, but
+it makes the ratio less steep, so dropping it would over-trim).
 
 Losslessness: a schedule may be used with rejection sampling only if it is a *stopping rule* —
 the decision "verify position j" depends on c_{r,1..j} and on other requests, never on
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 from attrs import field, frozen, validators
 
+from dspark.cost_models import batch_overhead
 from dspark.protocols.cost_model import CostModel
 from dspark.types import Schedule
 
@@ -86,8 +89,15 @@ def summarise(
     if cost_model is None:
         return tau, int(R + lengths.sum()), math.nan
     B = int(cost_model.batch_size(lengths))
-    theta = tau * float(_SPS_CACHE.lookup(cost_model, np.array([B]))[0])
+    theta = float(_throughput(np.array([tau]), np.array([B]), R, cost_model)[0])
     return tau, B, theta
+
+
+def _throughput(tau: np.ndarray, B: np.ndarray, R: int, cost_model: CostModel) -> np.ndarray:
+    """Θ = τ / (t(B) + α(R)) = τ · SPS(B) when there is no per-request overhead."""
+    sps = _SPS_CACHE.lookup(cost_model, B)
+    overhead = batch_overhead(cost_model, R)
+    return tau * sps if overhead == 0.0 else tau / (1.0 / sps + overhead)
 
 
 class _SPSCache:
@@ -139,7 +149,7 @@ def _admission_curve(
         B = R * (1 + np.concatenate(([0], np.maximum.accumulate(positions))))  # [Rγ+1]
     else:
         B = cost_model.admission_batch_sizes(R, torch.from_numpy(positions)).numpy()
-    theta = tau * _SPS_CACHE.lookup(cost_model, B)  # [Rγ+1]
+    theta = _throughput(tau, B, R, cost_model)  # [Rγ+1]
     theta[int(valid_lengths.sum()) + 1 :] = -np.inf
     return order, tau, B, theta
 

@@ -26,6 +26,7 @@ from attrs import define, frozen
 
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 from dspark.bench.runner import SchedulerSpec, arrival_times
+from dspark.cost_models import round_seconds
 
 __all__ = ["Trace", "TimeModel", "traces_from_rounds", "fit_time_model", "simulate_level"]
 
@@ -123,7 +124,7 @@ def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeMode
 
     scale = 1.0
     if cost_model is not None and rounds:
-        modelled = cost_model.step_seconds(torch.tensor([r.batch_size for r in rounds])).sum()
+        modelled = sum(round_seconds(cost_model, r.batch_size, r.num_requests) for r in rounds)
         scale = float(sum(r.target_seconds for r in rounds) / modelled)
     return TimeModel(_affine([r.num_requests for r in drafted], [r.draft_seconds for r in drafted]),
                      overhead(drafted), overhead(plain), float(np.median(prefill)) if prefill else 0.0,
@@ -196,7 +197,7 @@ def simulate_level(
             lengths = torch.zeros(R, dtype=torch.long)
             accepted = torch.zeros(R, dtype=torch.long)
         B = cost_model.batch_size(lengths)
-        target_s = time_model.target_scale * float(cost_model.step_seconds(torch.tensor([B]))[0])
+        target_s = time_model.target_scale * round_seconds(cost_model, int(B), R)
         seconds = draft_s + target_s + time_model.overhead(R, drafted)
         rounds.append(RoundRecord(clock, seconds, R, int(lengths.sum()), int(lengths.max()), int(B),
                                   int(accepted.sum()), drafted, draft_s, target_s))
