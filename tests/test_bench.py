@@ -152,7 +152,7 @@ def test_run_level_serves_every_request_within_the_concurrency(model, arrival):
 def test_gate_compares_measured_speculative_and_plain_rates():
     assert [batch_bucket(r) for r in (1, 2, 3, 4, 7, 8, 100)] == [1, 2, 2, 4, 4, 8, 64]
     cm = cost_model([(1, 0.010), (4, 0.012), (16, 0.020)])
-    g = DraftGate(min_backoff=2, max_backoff=8, decay=0.5, min_evidence=2)
+    g = DraftGate(min_backoff=2, max_backoff=8, decay=0.5, min_evidence=2, margin=1.0)
     assert g.should_draft()
     # drafted: 3 tokens in 20 ms = 150 tok/s; no plain round measured yet → cost model: 2 / t(2) = 187.5
     assert g.observe(2, True, 3, 0.020, cm)  # loss 1.25 → skip ceil(2 · 1.25³) = 4 rounds
@@ -166,8 +166,13 @@ def test_gate_compares_measured_speculative_and_plain_rates():
     assert 8 not in g.speculative and not g.observe(8, True, 40, 0.020, cm)  # buckets are apart
     # too little evidence: one round of R = 1 never decides
     assert not DraftGate().observe(1, True, 1, 0.1, cm)
+    # the default margin: plain must win by more than 10 %
+    g = DraftGate(min_evidence=1)
+    g.observe(4, False, 4, 0.0105, cm)  # plain 381 tok/s
+    assert not g.observe(4, True, 7, 0.020, cm)  # speculative 350: within 10 %, keep drafting
+    assert g.observe(4, True, 5, 0.020, cm)  # (0.8·7 + 5) / (0.8·0.02 + 0.02) = 294: skip
     # a narrow loss starts short and doubles: 2, 4, 8, 8
-    g = DraftGate(min_backoff=1, max_backoff=8, decay=0.0, min_evidence=1)
+    g = DraftGate(min_backoff=1, max_backoff=8, decay=0.0, min_evidence=1, margin=1.0)
     g.observe(2, False, 2, 2 / 105, cm)
     skips = []
     for _ in range(4):

@@ -62,7 +62,9 @@ class _Request:
     max_new_tokens: int
     stop_ids: frozenset[int]
     generator: torch.Generator
-    features: torch.Tensor | None = None  # [n_new, m·d] target features not yet given to the drafter
+    # Target features [n, m·d] of committed positions the drafter has not seen yet, in order (one
+    # chunk per round; several after rounds the draft gate skipped, joined when drafting).
+    features: list[torch.Tensor] = field(factory=list)
     finished: str | None = None  # "length" | "stop" | "abort"
     metrics: RequestMetrics = field(factory=RequestMetrics)
 
@@ -215,7 +217,8 @@ class Engine:
         out = self.target.prefill([rid], [ids])
         req = _Request(rid, ids, ids.numel(), sampling, max_new_tokens, frozenset(stops),
                        torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(rid.encode())))
-        req.features = self._features(out, 0, int(out.lengths[0]))
+        feats = self._features(out, 0, int(out.lengths[0]))
+        req.features = [feats] if feats is not None else []
         self._requests[rid] = req
         return rid
 
@@ -266,7 +269,8 @@ class Engine:
             tokens = anchors[:, None]  # [R, 1]
             gamma = 0
         else:
-            feats = [r.features if r.features is not None else torch.empty(0, 0) for r in reqs]
+            feats = [(r.features[0] if len(r.features) == 1 else torch.cat(r.features)) if r.features
+                     else torch.empty(0, 0) for r in reqs]
             ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
                                max_lengths=room, features={"hidden": feats})
             t0 = time.perf_counter()
@@ -274,7 +278,7 @@ class Engine:
             self.timings["draft"] += time.perf_counter() - t0
             self.timings["sequential_head"] += getattr(self.drafter, "timings", {}).get("sequential_head", 0.0)
             for r in reqs:
-                r.features = None
+                r.features = []
             raw = self.confidence_model.confidence_logits(block)  # [R, γ]
             c = self.calibrator.calibrate(raw)  # [R, γ]
             plan = self.scheduler.schedule(c, block.valid_lengths, self.cost_model)
@@ -311,8 +315,8 @@ class Engine:
             n_acc = int(accepted[i])
             new = committed[i, : n_acc + 1].tolist()
             feats = self._features(out, i, n_acc + 1)
-            # Rounds the gate skipped leave features the drafter has not seen yet: append.
-            r.features = feats if r.features is None or feats is None else torch.cat([r.features, feats])
+            if feats is not None:
+                r.features.append(feats)
             m = r.metrics
             m.rounds += 1
             m.verified.append(int(lengths[i]))
