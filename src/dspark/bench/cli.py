@@ -167,7 +167,8 @@ def run_bench(args: Any) -> int:
                                      draft_gate=DraftGate() if s.label in gated else None, seed=args.seed)
                 summaries.append({**summarise_run(run), "repeat": 0})
     rows = aggregate(summaries)
-    title = f"{args.model} ({args.dtype}), drafter {label}, {device_name(target)}"
+    title = f"{args.model} ({args.dtype}), drafter {label}, " + (
+        f"simulated: {sim_desc}" if args.mode == "simulate" else device_name(target))
     meta = {"model": args.model, "dtype": args.dtype, "device": device_name(target), "threads": torch.get_num_threads(),
             "drafter": label, "gamma": gamma, "calibrated": calibrator is not None, "arrival": args.arrival,
             "rate": args.rate, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,

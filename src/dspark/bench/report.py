@@ -66,8 +66,11 @@ def bench_markdown(result: dict[str, Any]) -> str:
              f"Drafter {meta['drafter']} (γ = {meta['gamma']}), {meta['arrival']} arrivals"
              + (f" at {meta['rate']} req/s" if meta.get("rate") else "")
              + f", {meta['max_new_tokens']} max new tokens, temperature {meta['temperature']}, "
-             f"median of {meta['repeats']} repeat(s); cost model: {meta['cost_model']}. "
-             f"Draft gate on: {', '.join(meta['gated']) or 'none'}.", ""]
+             f"median of {meta['repeats']} measured repeat(s); cost model: {meta['cost_model']}. "
+             f"Draft gate on: {', '.join(meta['gated']) or 'none'}."
+             + (f" Simulation: step times from {meta['simulation_cost_model']}, acceptance replayed from "
+                "traces recorded with every position verified." if meta.get("simulation_cost_model") else ""),
+             ""]
     for sim in (False, True):
         sub = [r for r in rows if r["simulated"] == sim]
         if not sub:
