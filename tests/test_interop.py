@@ -118,6 +118,11 @@ def test_write_interop_and_the_cli(tmp_path):
     v = json.loads((tmp_path / "a/vllm/speculative_config.per_batch_size.json").read_text())
     check_vllm_per_batch_size(v["num_speculative_tokens_per_batch_size"], v["num_speculative_tokens"])
     assert json.loads((tmp_path / "a/vllm/speculative_config.adaptive.json").read_text())["enable_adaptive_verification"]
+    # shapes that cannot be split into α(R) + θ(B): the whole-step table, and a note saying so
+    disconnected = {(1, 1): 0.01, (1, 2): 0.011, (3, 1): 0.02, (3, 2): 0.021}
+    notes = write_interop(tmp_path / "d", gamma=7, model="d", profile=PROFILE, shapes=disconnected)
+    assert any("whole-step table written" in n for n in notes)
+    assert "fixed_overhead_ms" not in json.loads((tmp_path / "d/trtllm/sps_table.json").read_text())
     # without STS or traces: what can be written is, the rest is named
     notes = write_interop(tmp_path / "b", gamma=7, model="d", profile=PROFILE)
     assert any("sts.json not written" in n for n in notes) and any("draft lengths not written" in n for n in notes)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from dspark.cost_models import round_seconds
-from dspark.profiling import additive_cost_fit
+from dspark.profiling import ProfileFitError, additive_cost_fit
 
 __all__ = [
     "FormatError",
@@ -286,7 +286,12 @@ def write_interop(
     else:
         notes.append("no STS calibration: trtllm/sts.json not written")
     if profile is not None:
-        dump("trtllm/sps_table.json", trtllm_sps_table(profile, shapes, gamma))
+        try:
+            table = trtllm_sps_table(profile, shapes, gamma)
+        except ProfileFitError as err:  # shapes that cannot be split: the whole-step form
+            notes.append(f"per-shape timings not decomposable ({err}); whole-step table written")
+            table = trtllm_sps_table(profile, None, gamma)
+        dump("trtllm/sps_table.json", table)
     else:
         notes.append("no cost profile: trtllm/sps_table.json not written")
     if (out / "trtllm/sts.json").is_file() and (out / "trtllm/sps_table.json").is_file():

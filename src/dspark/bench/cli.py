@@ -46,7 +46,11 @@ def _measure_profile(target: Any, args: Any, gamma: int, path: Path) -> Any:
     if path.is_file() and not args.fresh:
         return SPSProfile.from_json(path)
     widths = sorted({1, 2, 4, gamma + 1})
-    times = time_shapes(target, sorted(set(args.concurrency)), widths, [args.profile_context],
+    # Powers of two up to the largest level as well: they link every R through shared B = R·(1+ℓ),
+    # which the additive fit of α(R) + θ(B) needs.
+    top = max(args.concurrency)
+    requests = sorted(set(args.concurrency) | {1 << k for k in range(top.bit_length()) if 1 << k <= top})
+    times = time_shapes(target, requests, widths, [args.profile_context],
                         repeats=args.profile_repeats, progress=not args.quiet)
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
                                   repeats=args.profile_repeats, source="dspark bench")
