@@ -39,7 +39,7 @@ def _requests_at(args: Any, c: int) -> int:
     return args.requests_per_level or max(2 * c, args.min_requests)
 
 
-def _measure_profile(target: Any, args: Any, gamma: int, path: Path) -> Any:
+def _measure_profile(target: Any, args: Any, gamma: int, path: Path, context: int) -> Any:
     from dspark.cost_models import SPSProfile
     from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes
 
@@ -50,7 +50,7 @@ def _measure_profile(target: Any, args: Any, gamma: int, path: Path) -> Any:
     # which the additive fit of α(R) + θ(B) needs.
     top = max(args.concurrency)
     requests = sorted(set(args.concurrency) | {1 << k for k in range(top.bit_length()) if 1 << k <= top})
-    times = time_shapes(target, requests, widths, [args.profile_context],
+    times = time_shapes(target, requests, widths, [context],
                         repeats=args.profile_repeats, progress=not args.quiet)
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
                                   repeats=args.profile_repeats, source="dspark bench")
@@ -117,8 +117,11 @@ def run_bench(args: Any) -> int:
     prompts = eval_prompts(args.prompts, args.per_domain)
     ids = [encode_prompt(getattr(target, "tokenizer", None), p.text) for p in prompts]
     sampling = SamplingParams.greedy() if args.temperature == 0 else SamplingParams.random(args.temperature)
+    # Verification cost grows with the KV length (on this CPU a 64-request step costs 1.6× at 128
+    # tokens of context than at 64): profile at the workload's mean context unless told otherwise.
+    context = args.profile_context or round(sum(len(x) for x in ids) / len(ids) + args.max_new_tokens / 2)
     profile = (dspark.cost_models.SPSProfile.from_json(args.profile) if args.profile
-               else _measure_profile(target, args, gamma, out / "profile.json"))
+               else _measure_profile(target, args, gamma, out / "profile.json", context))
     cost = dspark.get_cost_model("sps-table", profile=profile)
     summaries, runs = [], []
     if args.mode in ("measure", "both"):
