@@ -46,3 +46,10 @@ def tiny_causal_lm(arch: str = "llama", *, vocab_size: int = 32, num_layers: int
     model = AutoModelForCausalLM.from_config(cfg).eval()
     model.generation_config.eos_token_id = None
     return model
+
+
+def greedy_decode(model, prompt: torch.Tensor, n: int) -> list[int]:
+    """The HF model's own greedy continuation of ``prompt`` [n_prompt]: n new token ids."""
+    out = model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, prompt.numel():].tolist()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dspark
-from conftest import tiny_causal_lm
+from conftest import greedy_decode, tiny_causal_lm
 from dspark.bench import (
     LevelRun,
     RequestRecord,
@@ -54,12 +54,6 @@ def model():
 
 
 PROMPTS = [torch.tensor(p) for p in ([3, 5, 7, 3, 5, 7, 3, 5], [2, 9, 4, 4, 11, 2, 9, 4], [1, 2, 1, 2, 1, 2])]
-
-
-def plain_decode(model, prompt, n):
-    out = model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
-                         max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, prompt.numel():].tolist()
 
 
 # -- specs and arrivals ------------------------------------------------------------------------
@@ -194,7 +188,7 @@ def test_gated_engine_skips_rounds_and_stays_identical_to_the_target(model, kind
     out = engine.generate(PROMPTS, GREEDY, max_new_tokens=24, progress=False)
     assert gate.skipped_rounds > 0 and engine.rounds > gate.skipped_rounds
     for c, p in zip(out, PROMPTS):
-        assert c.output_ids == plain_decode(model, p, 24)
+        assert c.output_ids == greedy_decode(model, p, 24)
     with pytest.raises(ValueError, match="cost model"):
         Engine(target, drafter, cost_model=None, draft_gate=True)
 

@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 import dspark
-from conftest import run_with_late_join, tiny_causal_lm
+from conftest import greedy_decode, run_with_late_join, tiny_causal_lm
 from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.targets import HFTarget
@@ -69,12 +69,6 @@ FLAT = dspark.get_cost_model("sps-table", profile={
     "points": [{"batch_size": 1, "step_seconds": 0.01}, {"batch_size": 512, "step_seconds": 0.011}]})
 
 
-def reference(model, prompt, n):
-    out = model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
-                         max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, prompt.numel():].tolist()
-
-
 PROMPTS = [[3, 5, 7, 3, 5, 7, 3, 5], [1], [2, 9, 4, 4, 11, 2, 9, 4, 4, 11, 2, 9, 13, 6, 1, 2, 9, 4]]
 
 
@@ -89,7 +83,7 @@ def test_greedy_batch_identical_to_target_decode(model, dname, sched):
     n = 20
     rids, done = run_with_late_join(engine, prompts, n)
     for rid, p in zip(rids, prompts):
-        assert done[rid].output_ids == reference(model, p, n), f"{dname}/{sched}: request {rid} diverged"
+        assert done[rid].output_ids == greedy_decode(model, p, n), f"{dname}/{sched}: request {rid} diverged"
         assert done[rid].finish_reason == "length"
     assert list(target.request_ids) == []  # finished requests released their KV caches
 
@@ -145,7 +139,7 @@ def test_sampling_matches_target_distribution(dname, sched, pname):
 
 def test_stop_tokens_and_context_limit(model):
     target = HFTarget(model)
-    ref = reference(model, torch.tensor(PROMPTS[0]), 20)
+    ref = greedy_decode(model, torch.tensor(PROMPTS[0]), 20)
     stop = ref[5]
     engine = Engine(target, drafter_for(target, "dflash"), scheduler="full", cost_model=FLAT)
     (c,) = engine.generate([torch.tensor(PROMPTS[0])], max_new_tokens=20, stop=[stop], progress=False)
@@ -154,7 +148,7 @@ def test_stop_tokens_and_context_limit(model):
     long_prompt = torch.tensor((PROMPTS[2] * 6)[:93])
     (c,) = engine.generate([long_prompt], max_new_tokens=20, progress=False)
     assert len(c.output_ids) == 96 - 93 and c.finish_reason == "length"
-    assert c.output_ids == reference(model, long_prompt, 3)
+    assert c.output_ids == greedy_decode(model, long_prompt, 3)
 
 
 def test_bad_input_is_a_clear_error(model):
@@ -185,5 +179,5 @@ def test_plain_decoding_engine_is_the_baseline(model):
     engine = Engine(target, None, scheduler="full", cost_model=None)
     out = engine.generate([torch.tensor(p) for p in PROMPTS], max_new_tokens=12, progress=False)
     for c, p in zip(out, PROMPTS):
-        assert c.output_ids == reference(model, torch.tensor(p), 12)
+        assert c.output_ids == greedy_decode(model, torch.tensor(p), 12)
         assert c.metrics["rounds"] == 12 and c.metrics["tau"] == 1.0

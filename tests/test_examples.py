@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 import dspark
-from conftest import run_with_late_join
+from conftest import run_with_late_join, tiny_causal_lm
 from dspark.cli import main as cli
 from dspark.drafters.checkpoint import from_pretrained, save_pretrained
 from dspark.drafters.config import DrafterConfig
@@ -100,11 +99,7 @@ def test_tiedhead_plugin_is_found_by_entry_point_and_satisfies_the_protocol(caps
 
 def test_tiedhead_drafter_with_reduced_draft_vocab_is_lossless_and_round_trips(tmp_path, one_thread):
     assert _tied_row() is not None, INSTALL_HINT
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=64, max_position_embeddings=96, initializer_range=0.3)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    model.generation_config.eos_token_id = None
+    model = tiny_causal_lm(vocab_size=16, max_positions=96)
     target = dspark.HFTarget(model)
     torch.manual_seed(1)
     drafter = dspark.get_drafter("dspark", target=target, head="tied-markov", gamma=4, num_layers=2, rank=8,

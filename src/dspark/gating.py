@@ -47,11 +47,10 @@ class _Rate:
     seconds: float = 0.0
     evidence: int = 0
 
-    def add(self, tokens: float, seconds: float, requests: int, decay: float) -> float:
+    def add(self, tokens: float, seconds: float, requests: int, decay: float) -> None:
         self.tokens = (1 - decay) * self.tokens + tokens
         self.seconds = (1 - decay) * self.seconds + seconds
         self.evidence += requests
-        return self.rate
 
     @property
     def rate(self) -> float:
