@@ -49,12 +49,13 @@ def register_drafters(register: Register) -> None:
 
 @hookimpl
 def register_sequential_heads(register: Register) -> None:
-    from dspark.heads import GatedMarkovHead, RNNHead, VanillaMarkovHead
+    from dspark.heads import GatedMarkovHead, RNNHead, SiluMarkovHead, VanillaMarkovHead
 
     # Each class is its own factory: (vocab_size, hidden_size, rank=256), W_up zero-initialised.
     register("vanilla-markov", VanillaMarkovHead)
     register("gated-markov", GatedMarkovHead)
     register("rnn", RNNHead)
+    register("silu-markov", SiluMarkovHead, description="legacy: dspark's pre-reference vanilla head (b = W_up·SiLU(W_down[x]))")
 
 
 @hookimpl

@@ -6,10 +6,18 @@ position j, U_j [.., V] the base logits W_lm h_j, x̂_{j-1} the previous token (
 A sequential head adds a correction b: Ũ_j = U_j + b(x̂_{j-1}, h_j), and x̂_j ~ softmax(Ũ_j / T).
 Every head embeds x̂_{j-1} with W_down (an nn.Embedding V×r) and maps back with W_up (r → V).
 
-* ``vanilla-markov``: b = W_up · SiLU(W_down[x̂_{j-1}]).
+* ``vanilla-markov``: b = W_up · W_down[x̂_{j-1}] (the paper's eq. 5 and the reference: no
+  nonlinearity; W_up·W_down is a rank-r bigram table).
 * ``gated-markov``:   g = σ(W_g [h_j ; W_down[x̂_{j-1}]]), b = W_up(g ⊙ W_down[x̂_{j-1}]).
 * ``rnn``: (g, c, o) = W [s_{j-1} ; W_down[x̂_{j-1}] ; h_j], s_j = σ(g) ⊙ s_{j-1} + (1 − σ(g)) ⊙
   tanh(c), b = W_up(tanh(o)), with s_0 = 0 (state size r).
+* ``silu-markov``: b = W_up · SiLU(W_down[x̂_{j-1}]) — dspark's pre-reference vanilla head, kept
+  only so format_version 1 checkpoints load; no reference format can hold it.
+
+Parameter names ↔ the reference (DeepSpec / speculators / vLLM): W_down = ``markov_w1`` (an
+embedding [V, r]), W_up = ``markov_w2`` ([V, r]), W_g = ``gate_proj`` (input [h ; e]), the RNN's W =
+``joint_proj`` (input [s ; e ; h], output chunks gate, candidate, output);
+``dspark.drafters.formats`` maps them.
 
 W_up starts at zero, so b ≡ 0 and a fresh head is the identity correction Ũ = U: training starts
 from exactly the DFlash backbone's behaviour (its acceptance, its calibration) and the head only
@@ -39,11 +47,12 @@ __all__ = [
     "VanillaMarkovHead",
     "GatedMarkovHead",
     "RNNHead",
+    "SiluMarkovHead",
     "ConfidenceHead",
     "build_head",
 ]
 
-HEAD_KINDS = ("vanilla-markov", "gated-markov", "rnn")
+HEAD_KINDS = ("vanilla-markov", "gated-markov", "rnn", "silu-markov")
 
 
 def _require_positive(owner: str, what: str, value: Any) -> None:
@@ -157,9 +166,18 @@ def _check_block(
 
 
 class VanillaMarkovHead(_SequentialHeadBase):
-    """Vanilla Markov head: b = W_up · SiLU(W_down[x̂_{j-1}]); ignores h_j (d kept for uniformity)."""
+    """Vanilla Markov head: b = W_up · W_down[x̂_{j-1}]; ignores h_j (d kept for uniformity)."""
 
     name = "vanilla-markov"
+
+    def _correction(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.w_up(self.w_down(prev_tokens))  # [..., V]
+
+
+class SiluMarkovHead(_SequentialHeadBase):
+    """dspark's pre-reference vanilla head, b = W_up · SiLU(W_down[x̂_{j-1}]) (legacy checkpoints)."""
+
+    name = "silu-markov"
 
     def _correction(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.w_up(F.silu(self.w_down(prev_tokens)))  # [..., V]
@@ -235,7 +253,7 @@ class RNNHead(_SequentialHeadBase):
 
 
 _HEADS: dict[str, type[_SequentialHeadBase]] = {
-    cls.name: cls for cls in (VanillaMarkovHead, GatedMarkovHead, RNNHead)
+    cls.name: cls for cls in (VanillaMarkovHead, GatedMarkovHead, RNNHead, SiluMarkovHead)
 }
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dspark.drafters.config import DrafterConfig, TargetInfo
+from dspark.drafters.config import FORMAT_VERSION, DrafterConfig, TargetInfo
 from dspark.drafters.layers import LayerShape
 from dspark.drafters.neural import build_drafter
 
@@ -79,7 +79,7 @@ def save_pretrained(drafter: Any, path: str | Path, dtype: torch.dtype | None = 
     if quantize:
         state = {k: v.contiguous() for k, v in quantize_int8(state).items()}
     save_file(state, str(out / WEIGHTS_NAME), metadata={"format": FORMAT})
-    meta = {"format": FORMAT, "format_version": 1, "dspark_version": __version__,
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "dspark_version": __version__,
             "config": drafter.config.to_dict()}
     (out / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
     return out
@@ -139,7 +139,7 @@ def read_config(path: str | Path) -> DrafterConfig:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{root / CONFIG_NAME} is not a dspark drafter config (format {meta.get('format')!r})")
     try:
-        return DrafterConfig.from_dict(meta["config"])
+        return DrafterConfig.from_dict(meta["config"], meta.get("format_version", 1))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{root / CONFIG_NAME}: bad drafter config: {exc}") from None
 

@@ -11,8 +11,11 @@ from dspark.drafters.layers import LayerShape
 
 __all__ = ["TargetInfo", "DrafterConfig", "default_layer_ids"]
 
-KINDS = ("dspark", "dflash", "eagle3")
-HEADS = ("vanilla-markov", "gated-markov", "rnn")
+KINDS = ("dspark", "dflash", "eagle3", "eagle3-fused")
+# "silu-markov" and "eagle3-fused" are dspark's pre-reference variants (docs/interop.md): kept so
+# the checkpoints written in format_version 1 still load; new drafters use the reference forms.
+HEADS = ("vanilla-markov", "gated-markov", "rnn", "silu-markov")
+FORMAT_VERSION = 2
 
 
 def _known_head(_i: Any, _a: Any, value: str | None) -> None:
@@ -84,11 +87,6 @@ class TargetInfo:
             )
 
 
-def _has_qk_norm(hf_config: Any) -> bool:
-    """Qwen3-style targets normalise q and k per head; Llama-style (SmolLM2) do not."""
-    return "qwen3" in str(getattr(hf_config, "model_type", "")).lower()
-
-
 def _positive(_i: Any, a: Any, v: int) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise ValueError(f"{a.name} must be a positive integer, got {v!r}")
@@ -108,6 +106,10 @@ class DrafterConfig:
     head: str | None = field(default=None, validator=_known_head)
     rank: int = field(default=256, validator=_positive)
     confidence: bool = field(default=False)
+    # The block's mask slots are embedded with this target token's (frozen) input embedding, as the
+    # reference does (DeepSpec / speculators / vLLM). None: a learned mask vector (dspark's
+    # pre-reference variant, format_version 1 checkpoints).
+    mask_token_id: int | None = field(default=None)
     # Reduced draft vocabulary (EAGLE-3's d2t): the drafter scores only this many target tokens
     # (the last slot is a never-drawn placeholder for anchors outside it). None: the full vocab.
     draft_vocab_size: int | None = field(default=None, validator=validators.optional(_positive))
@@ -116,8 +118,12 @@ class DrafterConfig:
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids must name at least one target layer")
         self.target.check_compatible(self.target, self.target_layer_ids)
-        if self.kind == "eagle3" and len(self.target_layer_ids) != 3:
-            raise ValueError("eagle3 fuses exactly 3 target layers (low, mid, high)")
+        if self.kind == "eagle3-fused" and len(self.target_layer_ids) != 3:
+            raise ValueError("eagle3-fused fuses exactly 3 target layers (low, mid, high)")
+        if self.mask_token_id is not None and not (
+            isinstance(self.mask_token_id, int) and 0 <= self.mask_token_id < self.vocab_size
+        ):
+            raise ValueError(f"mask_token_id must be a token id in [0, {self.vocab_size}), got {self.mask_token_id!r}")
         if self.kind != "dspark" and (self.head or self.confidence):
             raise ValueError(f"{self.kind} has no sequential head and no confidence head")
         if self.draft_vocab_size is not None and not 2 <= self.draft_vocab_size <= self.vocab_size + 1:
@@ -137,7 +143,12 @@ class DrafterConfig:
         layer_ids: tuple[int, ...] | None = None,
         **overrides: Any,
     ) -> DrafterConfig:
-        """Copy the layer shape from an HF config; defaults per kind (DESIGN.md §4)."""
+        """Copy the layer shape from an HF config; defaults per kind are the reference's (DESIGN.md §4).
+
+        Draft layers are Qwen3 layers (per-head q/k RMSNorm) whatever the target's architecture, as
+        in DeepSpec and vLLM's DSpark model; the mask slots use the target's embedding of
+        ``mask_token_id`` (default: the last vocabulary id).
+        """
         c = target_config
         heads = c.num_attention_heads
         rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", 10000.0)
@@ -149,15 +160,17 @@ class DrafterConfig:
             intermediate_size=c.intermediate_size,
             rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5),
             rope_theta=float(rope),
-            qk_norm=_has_qk_norm(c),
+            qk_norm=True,
         )
         L = c.num_hidden_layers
         if layer_ids is None:
-            layer_ids = default_layer_ids(L, 3 if kind == "eagle3" else min(5, L - 1))  # eagle3: low/mid/high
+            layer_ids = default_layer_ids(L, 3 if kind == "eagle3-fused" else min(5, L - 1))
+        mask = {"mask_token_id": c.vocab_size - 1}
         defaults: dict[str, Any] = {
-            "dspark": {"num_layers": 5, "head": "gated-markov", "confidence": True},
-            "dflash": {"num_layers": 5},
+            "dspark": {"num_layers": 5, "head": "vanilla-markov", "confidence": True, **mask},
+            "dflash": {"num_layers": 5, **mask},
             "eagle3": {"num_layers": 1},
+            "eagle3-fused": {"num_layers": 1},
         }[kind]
         return cls(
             kind=kind,
@@ -172,7 +185,15 @@ class DrafterConfig:
         return attrs.asdict(self, value_serializer=lambda _i, _a, v: list(v) if isinstance(v, tuple) else v)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
+    def from_dict(cls, data: dict[str, Any], format_version: int = FORMAT_VERSION) -> DrafterConfig:
+        """From :meth:`to_dict`; ``format_version`` 1 configs name dspark's pre-reference variants
+        by the names the reference forms now carry, so they are renamed (docs/interop.md)."""
+        if format_version == 1:
+            data = dict(data)
+            if data.get("kind") == "eagle3":
+                data["kind"] = "eagle3-fused"
+            if data.get("head") == "vanilla-markov":
+                data["head"] = "silu-markov"
         known = {a.name for a in attrs.fields(cls)}
         unknown = set(data) - known
         if unknown:

@@ -218,8 +218,9 @@ class BlockDrafter(_NeuralDrafter):
         self.fuse_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(s) for _ in range(config.num_layers))
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.mask_embedding = nn.Parameter(torch.zeros(s.hidden_size))
-        nn.init.normal_(self.mask_embedding, std=0.02)
+        if config.mask_token_id is None:  # pre-reference variant: a learned mask vector
+            self.mask_embedding = nn.Parameter(torch.zeros(s.hidden_size))
+            nn.init.normal_(self.mask_embedding, std=0.02)
         self.head = None
         self.confidence_head = None
         if config.head is not None:
@@ -240,6 +241,14 @@ class BlockDrafter(_NeuralDrafter):
             if config.confidence:
                 self.confidence_head = ConfidenceHead(s.hidden_size, config.rank)
 
+    def mask_vector(self) -> torch.Tensor:
+        """The embedding [d] of the block's mask slots: the target's (frozen) input embedding of
+        ``mask_token_id`` as in the reference, or the learned vector of a pre-reference drafter."""
+        if self.config.mask_token_id is None:
+            return self.mask_embedding
+        self._require_bound()
+        return self._embed[self.config.mask_token_id].to(self.dtype)
+
     # -- separately callable parts (the export compiles them apart) -------------------------
     def ingest(self, cache: _ContextCache, features: torch.Tensor) -> None:
         """Fuse new context features [n_new, m·d] and append each layer's injected K/V."""
@@ -257,7 +266,7 @@ class BlockDrafter(_NeuralDrafter):
         """anchors [R], anchor_pos [R] → h [R, γ, d], base logits U [R, γ, V_d]."""
         R, g = anchors.shape[0], self.gamma
         x = torch.cat(
-            [self.embed(anchors)[:, None], self.mask_embedding.expand(R, g - 1, -1)], dim=1
+            [self.embed(anchors)[:, None], self.mask_vector().expand(R, g - 1, -1)], dim=1
         )  # [R, γ, d]
         pos = anchor_pos[:, None] + torch.arange(g)[None]  # [R, γ]
         for i, layer in enumerate(self.layers):

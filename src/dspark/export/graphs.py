@@ -105,7 +105,9 @@ class BackboneGraph(nn.Module):
     def __init__(self, drafter: Any) -> None:
         super().__init__()
         self.layers, self.norm = drafter.layers, drafter.norm
-        self.mask_embedding = drafter.mask_embedding
+        # The mask vector as a constant of the graph (the reference's frozen target-embedding row,
+        # or a pre-reference drafter's learned vector).
+        self.register_buffer("mask_embedding", drafter.mask_vector().detach().clone(), persistent=False)
         self.target = _TargetWeights(drafter)
 
     def forward(

@@ -72,7 +72,7 @@ def block_forward(drafter: Any, batch: Batch) -> Targets:
     offs = torch.arange(g)  # [γ]
     blk_pos = (a0[..., None] + offs).reshape(S, N * g)  # [S, N·γ]
     x0 = drafter.embed(batch.ids.gather(1, a0))  # [S, N, d]
-    x = torch.cat([x0[:, :, None], drafter.mask_embedding.expand(S, N, g - 1, d)], dim=2).reshape(S, N * g, d)
+    x = torch.cat([x0[:, :, None], drafter.mask_vector().expand(S, N, g - 1, d)], dim=2).reshape(S, N * g, d)
     ctx_ok = (torch.arange(n)[None, None] < a[..., None]) & (torch.arange(n)[None, None] < batch.lengths[:, None, None])
     ctx_ok = ctx_ok[:, :, None].expand(S, N, g, n).reshape(S, N * g, n)  # [S, N·γ, n]
     same_block = torch.block_diag(*[torch.ones(g, g, dtype=torch.bool)] * N)  # [N·γ, N·γ]

@@ -59,7 +59,8 @@ def init_from_target(drafter: Any, model: Any) -> None:
     drafter.fuse.weight.data.copy_(w.to(drafter.fuse.weight.dtype))
     if hasattr(drafter, "fuse_norm"):
         drafter.fuse_norm.weight.data.copy_(draft_layers[0].input_norm.weight.data)
-        drafter.mask_embedding.data.copy_(inner.embed_tokens.weight.data.float().mean(0).to(drafter.mask_embedding.dtype))
+        if getattr(drafter, "mask_embedding", None) is not None:  # pre-reference learned mask
+            drafter.mask_embedding.data.copy_(inner.embed_tokens.weight.data.float().mean(0).to(drafter.mask_embedding.dtype))
     if hasattr(drafter, "in_proj"):  # Eagle3: start as emb(x_{t+1}) + f_t
         drafter.in_proj.weight.data.copy_(torch.cat([torch.eye(d), torch.eye(d)], 1).to(drafter.in_proj.weight.dtype))
 
