@@ -5,27 +5,22 @@ layers) and the target layer ids; loading it against another target fails with a
 each mismatch. The target's embedding and LM head are never stored: they are bound from the target
 at load time.
 
-The public DFlash checkpoint layout (z-lab ``*-DFlash-*``, as read by SGLang / vLLM: a Qwen3-style
-``config.json`` with ``block_size``, ``num_target_layers`` and ``dflash_config.{target_layer_ids,
-mask_token_id}``; weights ``fc``, ``hidden_norm``, ``layers.N.self_attn.*``, ``layers.N.mlp.*``,
-``layers.N.{input,post_attention}_layernorm``, ``norm``) loads as a ``dflash`` drafter through
-:func:`load_dflash_checkpoint`.
+:func:`from_pretrained` also reads the reference formats — DeepSpec, speculators (vLLM) and z-lab
+DFlash — detected from ``config.json`` (``dspark.drafters.formats``; docs/interop.md).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dspark.drafters.config import FORMAT_VERSION, DrafterConfig, TargetInfo
-from dspark.drafters.layers import LayerShape
 from dspark.drafters.neural import build_drafter
 
-__all__ = ["save_pretrained", "from_pretrained", "read_config", "load_dflash_checkpoint", "dflash_to_dspark_keys"]
+__all__ = ["save_pretrained", "from_pretrained", "read_config"]
 
 FORMAT = "dspark.drafter"
 CONFIG_NAME = "config.json"
@@ -133,9 +128,14 @@ def _load_state(drafter: Any, state: dict[str, torch.Tensor], where: Path) -> No
 
 
 def read_config(path: str | Path) -> DrafterConfig:
-    """The :class:`DrafterConfig` of a checkpoint folder, without loading its weights."""
+    """The :class:`DrafterConfig` of a checkpoint folder in any readable format, without building
+    the drafter."""
     root = Path(path)
     meta = _read_json(root / CONFIG_NAME)
+    if meta.get("format") != FORMAT and not meta.get("format"):
+        from dspark.drafters import formats
+
+        return formats.read(root).config
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{root / CONFIG_NAME} is not a dspark drafter config (format {meta.get('format')!r})")
     try:
@@ -145,8 +145,14 @@ def read_config(path: str | Path) -> DrafterConfig:
 
 
 def from_pretrained(path: str | Path, target: Any = None) -> Any:
-    """Load a drafter saved by :func:`save_pretrained`; with ``target``, check and bind it."""
+    """Load a drafter checkpoint folder — dspark's own (:func:`save_pretrained`), DeepSpec,
+    speculators or z-lab DFlash, detected from its ``config.json``; with ``target``, check the
+    checkpoint was made for it and bind it."""
+    from dspark.drafters import formats
+
     root = Path(path)
+    if formats.detect(root) != "dspark":
+        return formats.build(formats.read(root), target)
     config = read_config(root)
     if target is not None:
         config.target.check_compatible(_target_info(target), config.target_layer_ids)
@@ -154,74 +160,4 @@ def from_pretrained(path: str | Path, target: Any = None) -> Any:
     _load_state(drafter, _read_weights(root / WEIGHTS_NAME), root / WEIGHTS_NAME)
     if target is not None:
         _bind(drafter, target)
-    return drafter.eval()
-
-
-# --------------------------------------------------------------------------------------------
-# The public DFlash layout
-# --------------------------------------------------------------------------------------------
-
-_DFLASH_RENAMES = [
-    (r"^fc\.", "fuse."),
-    (r"^hidden_norm\.", "fuse_norm."),
-    (r"^layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.", r"layers.\1.\2."),
-    (r"^layers\.(\d+)\.mlp\.(gate_proj|up_proj|down_proj)\.", r"layers.\1.\2."),
-    (r"^layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
-    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_norm."),
-]
-
-
-def dflash_to_dspark_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename DFlash checkpoint keys to this package's BlockDrafter names (``model.`` prefix dropped)."""
-    out = {}
-    for key, value in state.items():
-        k = key.removeprefix("model.")
-        for pattern, repl in _DFLASH_RENAMES:
-            k = re.sub(pattern, repl, k)
-        out[k] = value
-    return out
-
-
-def load_dflash_checkpoint(
-    path: str | Path, target: Any, state: dict[str, torch.Tensor] | None = None
-) -> Any:
-    """A ``dflash`` drafter from a public DFlash checkpoint folder (or its parsed state dict).
-
-    The DFlash mask token is a target vocabulary id: its target embedding becomes this drafter's
-    mask embedding.
-    """
-    root = Path(path)
-    cfg = _read_json(root / CONFIG_NAME)
-    try:
-        dcfg = cfg.get("dflash_config") or {}
-        heads = cfg["num_attention_heads"]
-        shape = LayerShape(
-            hidden_size=cfg["hidden_size"], num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float((cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 1e6)),
-        )
-        layer_ids = tuple(dcfg["target_layer_ids"])
-        mask_id = dcfg.get("mask_token_id")
-        config = DrafterConfig(
-            kind="dflash", vocab_size=cfg["vocab_size"], layer=shape,
-            target=TargetInfo(cfg.get("target_name", "dflash-target"), cfg["vocab_size"], cfg["hidden_size"],
-                              cfg.get("num_target_layers", target.num_layers)),
-            target_layer_ids=layer_ids, num_layers=cfg["num_hidden_layers"], gamma=cfg.get("block_size", 16),
-        )
-    except KeyError as exc:
-        raise CheckpointError(f"{root / CONFIG_NAME}: DFlash config field {exc} is missing") from None
-    config.target.check_compatible(_target_info(target), layer_ids)
-    drafter = build_drafter(config)
-    if state is None:
-        state = _read_weights(root / WEIGHTS_NAME)
-    state = dflash_to_dspark_keys(state)
-    embed = target.model.get_input_embeddings().weight
-    if "mask_embedding" not in state:
-        if mask_id is None or not 0 <= int(mask_id) < embed.shape[0]:
-            raise CheckpointError(f"{root / CONFIG_NAME}: dflash_config.mask_token_id {mask_id!r} is not a target token id")
-        state["mask_embedding"] = embed[int(mask_id)].detach().clone()
-    _load_state(drafter, state, root / WEIGHTS_NAME)
-    _bind(drafter, target)
     return drafter.eval()

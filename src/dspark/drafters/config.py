@@ -110,6 +110,10 @@ class DrafterConfig:
     # reference does (DeepSpec / speculators / vLLM). None: a learned mask vector (dspark's
     # pre-reference variant, format_version 1 checkpoints).
     mask_token_id: int | None = field(default=None)
+    # True (DeepSpec, speculators DSpark): the block is [anchor, MASK × (γ−1)] and row j predicts
+    # the token at a+j+1. False (z-lab DFlash, speculators' DFlash default): the block is
+    # [anchor, MASK × γ] and the anchor row predicts nothing; rows 1..γ give the γ drafts.
+    sample_from_anchor: bool = field(default=True, validator=validators.instance_of(bool))
     # Reduced draft vocabulary (EAGLE-3's d2t): the drafter scores only this many target tokens
     # (the last slot is a never-drawn placeholder for anchors outside it). None: the full vocab.
     draft_vocab_size: int | None = field(default=None, validator=validators.optional(_positive))
@@ -120,10 +124,14 @@ class DrafterConfig:
         self.target.check_compatible(self.target, self.target_layer_ids)
         if self.kind == "eagle3-fused" and len(self.target_layer_ids) != 3:
             raise ValueError("eagle3-fused fuses exactly 3 target layers (low, mid, high)")
+        if self.kind == "eagle3" and self.num_layers != 1:
+            raise ValueError(f"eagle3 has exactly one draft layer (as the reference), got num_layers={self.num_layers}")
         if self.mask_token_id is not None and not (
             isinstance(self.mask_token_id, int) and 0 <= self.mask_token_id < self.vocab_size
         ):
             raise ValueError(f"mask_token_id must be a token id in [0, {self.vocab_size}), got {self.mask_token_id!r}")
+        if not self.sample_from_anchor and (self.kind != "dflash" or self.mask_token_id is None):
+            raise ValueError("sample_from_anchor=False is the z-lab DFlash layout: kind dflash with a mask_token_id")
         if self.kind != "dspark" and (self.head or self.confidence):
             raise ValueError(f"{self.kind} has no sequential head and no confidence head")
         if self.draft_vocab_size is not None and not 2 <= self.draft_vocab_size <= self.vocab_size + 1:

@@ -12,8 +12,10 @@ a..a+γ−1 gives h_1..h_γ and base logits U_j = W_lm·norm(h_j); DSpark then r
 head Ũ_j = U_j + b(x̂_{j−1}, h_j) for j = 1..γ and draws x̂_j ~ softmax(Ũ_j) under the request's
 sampling params, with confidence logits from (h_j, x̂_{j−1}); DFlash draws every x̂_j from U_j.
 
-Eagle3 — input at position t is W_in[emb(x_{t+1}) ; f_t] where f_t is the fused target feature
-(context) or the layer's own previous output (drafted positions); γ causal steps.
+Eagle3 (reference layout, :mod:`dspark.drafters.eagle3`) — one causal layer whose q/k/v read
+[norm(emb(x_{t+1})) ; norm(h_t)] where h_t is fc(f_t) (context) or the layer's own previous output
+(drafted positions); γ causal steps. Eagle3-fused (dspark's pre-reference variant) — input at
+position t is W_in[emb(x_{t+1}) ; f_t] instead.
 
 The target's token embedding and LM head are shared and frozen: they are bound from the target
 (``bind_target``) and never saved with the drafter.
@@ -34,7 +36,7 @@ from dspark.protocols.drafter import DraftContext
 from dspark.sampling import probs_for_requests, sample
 from dspark.types import DraftBlock
 
-__all__ = ["BlockDrafter", "Eagle3Drafter", "build_drafter", "draft_lengths", "draft_sample", "target_features"]
+__all__ = ["BlockDrafter", "Eagle3FusedDrafter", "build_drafter", "draft_lengths", "draft_sample", "target_features"]
 
 
 class _ContextCache:
@@ -265,14 +267,15 @@ class BlockDrafter(_NeuralDrafter):
     def backbone(self, anchors: torch.Tensor, anchor_pos: torch.Tensor, caches: list[_ContextCache]) -> tuple[torch.Tensor, torch.Tensor]:
         """anchors [R], anchor_pos [R] → h [R, γ, d], base logits U [R, γ, V_d]."""
         R, g = anchors.shape[0], self.gamma
+        skip = 0 if self.config.sample_from_anchor else 1  # z-lab DFlash: the anchor row predicts nothing
         x = torch.cat(
-            [self.embed(anchors)[:, None], self.mask_vector().expand(R, g - 1, -1)], dim=1
-        )  # [R, γ, d]
-        pos = anchor_pos[:, None] + torch.arange(g)[None]  # [R, γ]
+            [self.embed(anchors)[:, None], self.mask_vector().expand(R, g - 1 + skip, -1)], dim=1
+        )  # [R, γ + skip, d]
+        pos = anchor_pos[:, None] + torch.arange(g + skip)[None]  # [R, γ + skip]
         for i, layer in enumerate(self.layers):
             k, v, mask = _pad_context(caches, i, self.config.layer, x)
             x = layer(x, pos, k, v, mask)
-        h = self.norm(x)  # [R, γ, d]
+        h = self.norm(x[:, skip:])  # [R, γ, d]
         return h, self.logits(h)
 
     @torch.inference_mode()
@@ -316,25 +319,34 @@ class BlockDrafter(_NeuralDrafter):
         )
 
 
-class Eagle3Drafter(_NeuralDrafter):
-    """One causal decoder layer over fused low/mid/high target features, γ autoregressive steps."""
+class _Eagle3Loop(_NeuralDrafter):
+    """The Eagle3 inference protocol shared by both layouts (:class:`Eagle3FusedDrafter`,
+    :class:`dspark.drafters.eagle3.Eagle3Drafter`): per-request causal K/V cache, the pending
+    feature of the last context position, γ autoregressive steps.
+
+    A subclass provides ``_fuse(features [n, m·d]) → [n, d]``, ``_run(tokens [R, n], feats
+    [R, n, d], positions [R, n], ctx_k, ctx_v, ctx_mask, attn_mask=None) → (out, k, v)`` (one
+    causal layer call: the pre-norm outputs [R, n, d] and the new positions' K/V [R, H_kv, n, hd];
+    ``attn_mask`` [R, n, P + n] replaces the causal mask, as the training forward needs) and
+    ``norm``.
+    """
+
+    #: whether DraftBlock.hidden carries the per-step (pre-norm) layer outputs h_j
+    _returns_hidden = False
 
     def __init__(self, config: DrafterConfig) -> None:
         super().__init__(config)
-        s = config.layer
-        d = s.hidden_size
-        self.fuse = nn.Linear(3 * d, d, bias=False)
-        self.in_proj = nn.Linear(2 * d, d, bias=False)
-        self.layer = DraftLayer(s)
-        self.norm = RMSNorm(d, s.rms_norm_eps)
         self._pending: dict[str, torch.Tensor] = {}  # fused feature of the last context position
 
     def release(self, request_id: str) -> None:
         super().release(request_id)
         self._pending.pop(request_id, None)
 
-    def _inputs(self, next_tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        return self.in_proj(torch.cat([self.embed(next_tokens), feats], dim=-1))  # [..., d]
+    def _fuse(self, features: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _run(self, tokens, feats, positions, ctx_k, ctx_v, ctx_mask, attn_mask=None):  # noqa: ANN001, ANN202
+        raise NotImplementedError
 
     @torch.inference_mode()
     def draft(self, context: DraftContext) -> DraftBlock:
@@ -344,7 +356,7 @@ class Eagle3Drafter(_NeuralDrafter):
         caches, last_feat = [], []
         for rid, ids, f in zip(context.request_ids, context.token_ids, feats):
             cache = self._caches.setdefault(rid, _ContextCache(1))
-            fused = self.fuse(f.to(self.fuse.weight.dtype))  # [n_new, d]
+            fused = self._fuse(f)  # [n_new, d]
             if self._pending.get(rid) is not None:
                 fused = torch.cat([self._pending[rid], fused])
             if fused.shape[0] == 0:
@@ -359,13 +371,13 @@ class Eagle3Drafter(_NeuralDrafter):
             n_ready = fused.shape[0] - 1
             if n_ready > 0:
                 t0 = cache.length
-                toks = ids[t0 + 1 : t0 + 1 + n_ready]
-                x = self._inputs(toks, fused[:n_ready])[None]  # [1, n, d]
+                toks = ids[t0 + 1 : t0 + 1 + n_ready][None]  # [1, n]
                 pos = torch.arange(t0, t0 + n_ready)[None]
-                k_ctx, v_ctx, mask = _pad_context([cache], 0, s, x) if cache.length else (
-                    x.new_zeros(1, s.num_kv_heads, 0, s.head_dim), x.new_zeros(1, s.num_kv_heads, 0, s.head_dim),
+                feat = fused[:n_ready][None]  # [1, n, d]
+                k_ctx, v_ctx, mask = _pad_context([cache], 0, s, feat) if cache.length else (
+                    feat.new_zeros(1, s.num_kv_heads, 0, s.head_dim), feat.new_zeros(1, s.num_kv_heads, 0, s.head_dim),
                     torch.zeros(1, 0, dtype=torch.bool))
-                _, k, v = self.layer(x, pos, k_ctx, v_ctx, mask, causal=True, return_kv=True)
+                _, k, v = self._run(toks, feat, pos, k_ctx, v_ctx, mask)
                 cache.append(0, k[0], v[0])
                 cache.length += n_ready
             self._pending[rid] = fused[-1:]
@@ -376,10 +388,9 @@ class Eagle3Drafter(_NeuralDrafter):
         feat = torch.stack(last_feat)  # [R, d]
         tok = torch.stack([ids[-1] for ids in context.token_ids])  # [R] x_{t+1} = anchor
         pos = torch.tensor([ids.numel() - 2 for ids in context.token_ids])  # [R] t = a − 1
-        tokens, qs, logits = [], [], []
+        tokens, qs, logits, hidden = [], [], [], []
         for _ in range(self.gamma):
-            x = self._inputs(tok, feat)[:, None]  # [R, 1, d]
-            out, k, v = self.layer(x, pos[:, None], k_ctx, v_ctx, mask, causal=True, return_kv=True)
+            out, k, v = self._run(tok[:, None], feat[:, None], pos[:, None], k_ctx, v_ctx, mask)  # out [R, 1, d]
             k_ctx, v_ctx = torch.cat([k_ctx, k], 2), torch.cat([v_ctx, v], 2)
             mask = torch.cat([mask, torch.ones(R, 1, dtype=torch.bool)], 1)
             h = self.norm(out[:, 0])  # [R, d]
@@ -387,14 +398,49 @@ class Eagle3Drafter(_NeuralDrafter):
             tokens.append(x_next)
             qs.append(q)
             logits.append(U)
+            hidden.append(out[:, 0])
             tok, feat, pos = x_next, out[:, 0], pos + 1
         return DraftBlock(
             tokens=torch.stack(tokens, 1),
             q=torch.stack(qs, 1),
             valid_lengths=self._valid(context, R),
             draft_logits=torch.stack(logits, 1),
+            hidden=torch.stack(hidden, 1) if self._returns_hidden else None,  # [R, γ, d]
         )
 
 
+class Eagle3FusedDrafter(_Eagle3Loop):
+    """dspark's pre-reference Eagle3 (kind ``eagle3-fused``, format_version 1 checkpoints): one
+    causal decoder layer whose input is W_in[emb(x_{t+1}) ; fuse(f_t)] (residual = that
+    projection) over fused low/mid/high target features, γ autoregressive steps."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__(config)
+        s = config.layer
+        d = s.hidden_size
+        self.fuse = nn.Linear(3 * d, d, bias=False)
+        self.in_proj = nn.Linear(2 * d, d, bias=False)
+        self.layer = DraftLayer(s)
+        self.norm = RMSNorm(d, s.rms_norm_eps)
+
+    def _inputs(self, next_tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        return self.in_proj(torch.cat([self.embed(next_tokens), feats], dim=-1))  # [..., d]
+
+    def _fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fuse(features.to(self.fuse.weight.dtype))  # [n, d]
+
+    def _run(self, tokens, feats, positions, ctx_k, ctx_v, ctx_mask, attn_mask=None):  # noqa: ANN001, ANN202
+        x = self._inputs(tokens, feats)  # [R, n, d]
+        return self.layer(x, positions, ctx_k, ctx_v, ctx_mask, causal=True, return_kv=True, attn_mask=attn_mask)
+
+
 def build_drafter(config: DrafterConfig) -> _NeuralDrafter:
-    return Eagle3Drafter(config) if config.kind == "eagle3" else BlockDrafter(config)
+    """The drafter class of ``config.kind``: the reference Eagle3 (``eagle3``), dspark's
+    pre-reference Eagle3 (``eagle3-fused``), else the block drafter (DSpark / DFlash)."""
+    if config.kind == "eagle3":
+        from dspark.drafters.eagle3 import Eagle3Drafter  # lazy: eagle3 imports this module
+
+        return Eagle3Drafter(config)
+    if config.kind == "eagle3-fused":
+        return Eagle3FusedDrafter(config)
+    return BlockDrafter(config)

@@ -1,0 +1,574 @@
+"""Drafter checkpoint formats: dspark's own, DeepSpec (the paper's code), speculators (what vLLM
+serves) and z-lab DFlash — detected, read and written (docs/interop.md, field by field).
+
+Every format is read into one neutral form, a :class:`Portable`: the :class:`DrafterConfig`, the
+weights under the *reference* key names (DeepSpec = speculators: ``fc``, ``hidden_norm``,
+``layers.N.self_attn.q_proj``, ``markov_head.markov_w1``, ``confidence_head.proj``, …) with the
+dtypes and bytes they were stored with, the target's ``embed_tokens`` / ``lm_head`` where the
+checkpoint carries them, and what the source says about its verifier. Writers take a Portable, so
+DeepSpec ⇄ speculators conversion copies tensors untouched (only ``config.json`` differs).
+
+Layer ids: dspark and DeepSpec count decoder layers from 0 (id L = the output of decoder layer L =
+transformers' ``hidden_states[L + 1]``); speculators / vLLM index like ``hidden_states`` (0 = the
+embedding output), so their ``aux_hidden_state_layer_ids`` are the DeepSpec ids + 1.
+
+What a format cannot represent is refused with one sentence naming it (:class:`FormatError`),
+never approximated: vLLM's DSpark model has only the vanilla head, so gated / rnn heads go to the
+DeepSpec format only; reference formats embed the mask slots with a target token's embedding, so
+a learned mask vector has no place there; their draft layers are Qwen3 layers (q/k norm).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from attrs import evolve, field, frozen
+
+from dspark.drafters.checkpoint import CheckpointError, _bind, _load_state, _read_weights, _target_info
+from dspark.drafters.config import FORMAT_VERSION, DrafterConfig, TargetInfo
+from dspark.drafters.layers import LayerShape
+
+__all__ = ["FORMATS", "FormatError", "Portable", "detect", "read", "write", "convert", "build", "portable_from_drafter"]
+
+FORMATS = ("dspark", "deepspec", "speculators", "zlab-dflash")
+CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+_HEAD_NAMES = {"vanilla-markov": "vanilla", "gated-markov": "gated", "rnn": "rnn"}  # dspark ↔ DeepSpec
+_SPEC_ARCH = {"dspark": "DSparkDraftModel", "dflash": "DFlashDraftModel", "eagle3": "Eagle3DraftModel"}
+
+
+class FormatError(CheckpointError):
+    """A checkpoint folder in no known format, or a drafter a format cannot represent."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Key names: dspark's BlockDrafter ⇄ the reference. (Eagle3's module uses the reference names.)
+# ---------------------------------------------------------------------------------------------
+
+_TO_REF = [
+    (r"^fuse\.", "fc."),
+    (r"^fuse_norm\.", "hidden_norm."),
+    (r"^layers\.(\d+)\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.", r"layers.\1.self_attn.\2."),
+    (r"^layers\.(\d+)\.(gate_proj|up_proj|down_proj)\.", r"layers.\1.mlp.\2."),
+    (r"^layers\.(\d+)\.input_norm\.", r"layers.\1.input_layernorm."),
+    (r"^layers\.(\d+)\.post_norm\.", r"layers.\1.post_attention_layernorm."),
+    (r"^head\.w_down\.", "markov_head.markov_w1."),
+    (r"^head\.w_up\.", "markov_head.markov_w2."),
+    (r"^head\.w_g\.", "markov_head.gate_proj."),
+    (r"^head\.w\.", "markov_head.joint_proj."),
+]
+_FROM_REF = [
+    (r"^fc\.", "fuse."),
+    (r"^hidden_norm\.", "fuse_norm."),
+    (r"^layers\.(\d+)\.self_attn\.", r"layers.\1."),
+    (r"^layers\.(\d+)\.mlp\.", r"layers.\1."),
+    (r"^layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
+    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_norm."),
+    (r"^markov_head\.markov_w1\.", "head.w_down."),
+    (r"^markov_head\.markov_w2\.", "head.w_up."),
+    (r"^markov_head\.gate_proj\.", "head.w_g."),
+    (r"^markov_head\.joint_proj\.", "head.w."),
+]
+TARGET_KEYS = ("embed_tokens.weight", "lm_head.weight")
+
+
+def _rename(state: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        k = key
+        for pattern, repl in rules:
+            k = re.sub(pattern, repl, k)
+        out[k] = value
+    return out
+
+
+def to_reference_keys(kind: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """dspark module keys → reference keys (the identity for the reference-layout Eagle3)."""
+    return dict(state) if kind == "eagle3" else _rename(state, _TO_REF)
+
+
+def from_reference_keys(kind: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Reference keys → dspark module keys (``model.`` prefixes dropped)."""
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    return dict(state) if kind == "eagle3" else _rename(state, _FROM_REF)
+
+
+# ---------------------------------------------------------------------------------------------
+# The neutral form
+# ---------------------------------------------------------------------------------------------
+
+
+@frozen
+class Portable:
+    """A drafter in no particular format: config, reference-keyed weights, verifier facts."""
+
+    config: DrafterConfig
+    weights: dict[str, torch.Tensor]  # reference keys; embed_tokens / lm_head only if the source has them
+    verifier: str = "unknown"  # the target's name or path, as the source records it
+    verifier_architectures: tuple[str, ...] = field(default=(), converter=tuple)
+    max_positions: int | None = None
+    source_format: str = "dspark"
+
+
+def _shape_fields(cfg: dict[str, Any], where: Path) -> LayerShape:
+    heads = cfg["num_attention_heads"]
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type != "default":
+        raise FormatError(f"{where}: rope type {rope_type!r} is not supported (dspark's draft layers use default RoPE)")
+    if cfg.get("attention_bias"):
+        raise FormatError(f"{where}: attention_bias=true is not supported (reference draft layers have no biases)")
+    return LayerShape(
+        hidden_size=cfg["hidden_size"], num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, intermediate_size=cfg["intermediate_size"],
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta") or cfg.get("rope_theta") or 1e6), qk_norm=True,
+    )
+
+
+def _layer_config(shape: LayerShape, num_layers: int, vocab: int, max_positions: int | None) -> dict[str, Any]:
+    """A Qwen3 decoder config for the draft layers (DeepSpec's top level, speculators' nested)."""
+    return {
+        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": None,
+        "head_dim": shape.head_dim, "hidden_act": "silu", "hidden_size": shape.hidden_size,
+        "initializer_range": 0.02, "intermediate_size": shape.intermediate_size,
+        "layer_types": ["full_attention"] * num_layers, "max_position_embeddings": max_positions or 32768,
+        "max_window_layers": 28, "model_type": "qwen3", "num_attention_heads": shape.num_heads,
+        "num_hidden_layers": num_layers, "num_key_value_heads": shape.num_kv_heads, "pad_token_id": None,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "rope_parameters": {"rope_theta": shape.rope_theta, "rope_type": "default"},
+        "sliding_window": None, "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False,
+        "vocab_size": vocab,
+    }
+
+
+def _dtype_name(weights: dict[str, torch.Tensor]) -> str:
+    dts = {v.dtype for v in weights.values() if v.is_floating_point()}
+    return str(next(iter(dts))).removeprefix("torch.") if len(dts) == 1 else "float32"
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FormatError(f"{path.parent} is not a drafter checkpoint folder (no {path.name})")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise FormatError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _lacks(cfg: dict[str, Any]) -> dict[str, str]:
+    """For each format, the field it needs that ``cfg`` lacks ('' where it matches)."""
+    archs = " ".join(cfg.get("architectures") or [])
+    return {
+        "dspark": "" if cfg.get("format") == "dspark.drafter" else "'format': 'dspark.drafter'",
+        "speculators": "" if "speculators_model_type" in cfg else "'speculators_model_type'",
+        "deepspec": "" if ("target_layer_ids" in cfg and re.search(r"(DSpark|Eagle3)Model", archs))
+        else "'target_layer_ids' with architectures *DSparkModel / *Eagle3Model",
+        "zlab-dflash": "" if ("dflash_config" in cfg or "DFlash" in archs) else "'dflash_config' (or a DFlash architecture)",
+    }
+
+
+def detect(path: str | Path) -> str:
+    """The format of checkpoint folder ``path``: one of :data:`FORMATS`."""
+    root = Path(path)
+    cfg = _read_json(root / CONFIG_NAME)
+    lacks = _lacks(cfg)
+    for fmt in FORMATS:
+        if not lacks[fmt]:
+            return fmt
+    raise FormatError(
+        f"{root} is in no known drafter format; tried "
+        + "; ".join(f"{fmt} (lacks {need})" for fmt, need in lacks.items())
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers
+# ---------------------------------------------------------------------------------------------
+
+
+def _weights(root: Path) -> dict[str, torch.Tensor]:
+    return _read_weights(root / WEIGHTS_NAME)
+
+
+def _need(cfg: dict[str, Any], where: Path, fmt: str, *names: str) -> None:
+    missing = [n for n in names if n not in cfg]
+    if missing:
+        raise FormatError(f"{where}: {fmt} config lacks {', '.join(missing)}")
+
+
+def _verifier_layers(name: str | None, root: Path) -> int | None:
+    """The verifier's layer count, from its config.json when ``name`` is a local folder."""
+    for base in (root.parent, Path.cwd()):
+        cand = base / str(name or "") / CONFIG_NAME
+        if name and cand.is_file():
+            try:
+                return int(json.loads(cand.read_text())["num_hidden_layers"])
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+def _block_config(kind: str, cfg: dict[str, Any], shape: LayerShape, ids: list[int], target: TargetInfo,
+                  gamma: int, sample_from_anchor: bool, where: Path) -> DrafterConfig:
+    rank = int(cfg.get("markov_rank") or 0)
+    head = None
+    if kind == "dspark" and rank:
+        htype = cfg.get("markov_head_type", "vanilla")
+        names = {v: k for k, v in _HEAD_NAMES.items()}
+        if htype not in names:
+            raise FormatError(f"{where}: markov_head_type {htype!r} is not one of {sorted(names)}")
+        head = names[htype]
+    confidence = bool(cfg.get("enable_confidence_head"))
+    if confidence and not cfg.get("confidence_head_with_markov", True):
+        raise FormatError(f"{where}: a confidence head without the Markov embedding is not supported")
+    if kind == "dspark" and not head:
+        kind, confidence = "dflash", False  # DeepSpec's DFlash: the same class with markov_rank 0
+    return DrafterConfig(
+        kind=kind, vocab_size=cfg["vocab_size"], layer=shape, target=target, target_layer_ids=tuple(ids),
+        num_layers=cfg["num_hidden_layers"], gamma=gamma, head=head, rank=rank or 256,
+        confidence=confidence, mask_token_id=cfg.get("mask_token_id"), sample_from_anchor=sample_from_anchor,
+    )
+
+
+def _check_ids(ids: list[int], where: Path, field_name: str) -> list[int]:
+    bad = [i for i in ids if i < 0]
+    if bad:
+        raise FormatError(f"{where}: {field_name} asks for the embedding output (layer id −1), which dspark's "
+                          "target does not capture")
+    return ids
+
+
+def _read_deepspec(root: Path) -> Portable:
+    cfg = _read_json(root / CONFIG_NAME)
+    where = root / CONFIG_NAME
+    _need(cfg, where, "DeepSpec", "target_layer_ids", "vocab_size", "hidden_size", "num_hidden_layers",
+          "num_attention_heads", "intermediate_size")
+    arch = " ".join(cfg.get("architectures") or [])
+    shape = _shape_fields(cfg, where)
+    ids = _check_ids(list(cfg["target_layer_ids"]), where, "target_layer_ids")
+    n_target = cfg.get("num_target_layers") or _verifier_layers(cfg.get("target_model_name_or_path"), root)
+    if n_target is None:
+        raise FormatError(f"{where}: DeepSpec config lacks num_target_layers")
+    target = TargetInfo(cfg.get("target_model_name_or_path") or "unknown", cfg["vocab_size"], cfg["hidden_size"], int(n_target))
+    if "Eagle3" in arch:
+        config = DrafterConfig(kind="eagle3", vocab_size=cfg["vocab_size"], layer=shape, target=target,
+                               target_layer_ids=tuple(ids), num_layers=cfg["num_hidden_layers"],
+                               gamma=int(cfg.get("ttt_length", 7)))
+    else:
+        _need(cfg, where, "DeepSpec", "block_size", "mask_token_id")
+        config = _block_config("dspark", cfg, shape, ids, target, int(cfg["block_size"]), True, where)
+    return Portable(config, _weights(root), target.name, (), cfg.get("max_position_embeddings"), "deepspec")
+
+
+def _read_speculators(root: Path) -> Portable:
+    cfg = _read_json(root / CONFIG_NAME)
+    where = root / CONFIG_NAME
+    kind = cfg["speculators_model_type"]
+    if kind not in _SPEC_ARCH:
+        raise FormatError(f"{where}: speculators_model_type {kind!r} is not one of {sorted(_SPEC_ARCH)}")
+    _need(cfg, where, "speculators", "transformer_layer_config", "speculators_config")
+    layer = cfg["transformer_layer_config"]
+    shape = _shape_fields(layer, where)
+    spec = cfg["speculators_config"]
+    verifier = spec.get("verifier") or {}
+    methods = spec.get("proposal_methods") or [{}]
+    ids_field = "eagle_aux_hidden_state_layer_ids" if kind == "eagle3" else "aux_hidden_state_layer_ids"
+    _need(cfg, where, "speculators", ids_field)
+    ids = _check_ids([i - 1 for i in cfg[ids_field]], where, ids_field)
+    name = verifier.get("name_or_path") or "unknown"
+    n_target = _verifier_layers(name, root) or max(ids) + 2  # refined against the target when loading
+    target = TargetInfo(str(name), layer["vocab_size"], layer["hidden_size"], n_target)
+    weights = _weights(root)
+    draft_vocab = cfg.get("draft_vocab_size") or layer["vocab_size"]
+    if draft_vocab != layer["vocab_size"] or "d2t" in weights or "t2d" in weights:
+        raise FormatError(f"{where}: a reduced draft vocabulary (draft_vocab_size {draft_vocab}, d2t/t2d) is not "
+                          "read yet; dspark drafters from speculators need the full vocabulary")
+    if kind == "eagle3":
+        flags = [f for f in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual") if cfg.get(f)]
+        if flags:
+            raise FormatError(f"{where}: Eagle3 with {', '.join(flags)} is the llama-style EAGLE-3 variant, not "
+                              "the DeepSpec layout dspark implements")
+        config = DrafterConfig(kind="eagle3", vocab_size=layer["vocab_size"], layer=shape, target=target,
+                               target_layer_ids=tuple(ids), num_layers=layer["num_hidden_layers"],
+                               gamma=int(methods[0].get("speculative_tokens", 7)))
+    else:
+        _need(cfg, where, "speculators", "block_size", "mask_token_id")
+        sfa = bool(cfg.get("sample_from_anchor", kind == "dspark"))
+        gamma = int(cfg["block_size"]) - (0 if sfa else 1)
+        config = _block_config(kind, {**layer, **cfg}, shape, ids, target, gamma, sfa, where)
+    return Portable(config, weights, str(name), tuple(verifier.get("architectures") or ()),
+                    layer.get("max_position_embeddings"), "speculators")
+
+
+def _read_zlab(root: Path) -> Portable:
+    cfg = _read_json(root / CONFIG_NAME)
+    where = root / CONFIG_NAME
+    dcfg = cfg.get("dflash_config") or {}
+    merged = {**cfg, **dcfg}
+    _need(merged, where, "z-lab DFlash", "target_layer_ids", "mask_token_id", "block_size", "vocab_size",
+          "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    shape = _shape_fields(cfg, where)
+    ids = _check_ids(list(merged["target_layer_ids"]), where, "target_layer_ids")
+    n_target = cfg.get("num_target_layers") or max(ids) + 2
+    target = TargetInfo(cfg.get("target_name", "unknown"), cfg["vocab_size"], cfg["hidden_size"], int(n_target))
+    # z-lab drafts from the mask slots only: a block of B gives B − 1 drafts.
+    config = _block_config("dflash", {**cfg, "markov_rank": 0, "mask_token_id": merged["mask_token_id"]}, shape,
+                           ids, target, int(merged["block_size"]) - 1, False, where)
+    weights = {k.removeprefix("model."): v for k, v in _weights(root).items()}
+    return Portable(config, weights, target.name, (), cfg.get("max_position_embeddings"), "zlab-dflash")
+
+
+def _read_dspark(root: Path) -> Portable:
+    from dspark.drafters.checkpoint import read_config
+
+    config = read_config(root)
+    state = _weights(root)
+    return Portable(config, to_reference_keys(config.kind, state), config.target.name, (), None, "dspark")
+
+
+_READERS = {"dspark": _read_dspark, "deepspec": _read_deepspec, "speculators": _read_speculators,
+            "zlab-dflash": _read_zlab}
+
+
+def read(path: str | Path) -> Portable:
+    """Read checkpoint folder ``path`` in whichever format it is in."""
+    root = Path(path)
+    fmt = detect(root)
+    try:
+        return _READERS[fmt](root)
+    except (KeyError, TypeError) as exc:
+        raise FormatError(f"{root / CONFIG_NAME}: bad {fmt} config ({type(exc).__name__}: {exc})") from None
+    except ValueError as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{root / CONFIG_NAME}: bad {fmt} config: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a drafter from a Portable
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_verifier(p: Portable, target: Any) -> DrafterConfig:
+    """The config fitted to ``target`` (its layer count), after checking the checkpoint was made
+    for it: dimensions, layer ids, and the copies of its embedding / LM head the checkpoint holds."""
+    info = _target_info(target)
+    config = p.config
+    if p.source_format != "dspark":
+        config = evolve(config, target=evolve(config.target, num_layers=info.num_layers))
+    config.target.check_compatible(info, config.target_layer_ids)
+    model = target.model
+    own = {"embed_tokens.weight": model.get_input_embeddings().weight,
+           "lm_head.weight": model.get_output_embeddings().weight}
+    for key, mine in own.items():
+        theirs = p.weights.get(key)
+        if theirs is None:
+            continue
+        if tuple(theirs.shape) != tuple(mine.shape):
+            raise FormatError(f"checkpoint {key} has shape {tuple(theirs.shape)}, target {info.name!r} has "
+                              f"{tuple(mine.shape)}: it was made for another verifier ({p.verifier!r})")
+        a, b = theirs.float(), mine.detach().float()
+        if p.config.mask_token_id is not None and key == "embed_tokens.weight":
+            keep = torch.ones(a.shape[0], dtype=torch.bool)
+            keep[p.config.mask_token_id] = False
+            a, b = a[keep], b[keep]
+        tol = 1e-2 * b.abs().max().clamp_min(1e-6)  # bf16 copies of fp32 weights round by < 1 %
+        if (a - b).abs().max() > tol:
+            raise FormatError(f"checkpoint's {key} differs from target {info.name!r}'s: the drafter was made for "
+                              f"another verifier ({p.verifier!r})")
+    return config
+
+
+def build(p: Portable, target: Any = None) -> Any:
+    """A drafter module from a Portable (checked against and bound to ``target`` when given)."""
+    from dspark.drafters.neural import build_drafter
+
+    config = _check_verifier(p, target) if target is not None else p.config
+    drafter = build_drafter(config)
+    state = from_reference_keys(config.kind, {k: v for k, v in p.weights.items() if k not in TARGET_KEYS})
+    if config.mask_token_id is not None:
+        state.pop("mask_embedding", None)  # vLLM's loader skips this placeholder too
+    _load_state(drafter, state, Path(f"<{p.source_format} checkpoint>"))
+    if target is not None:
+        _bind(drafter, target)
+    return drafter.eval()
+
+
+def portable_from_drafter(drafter: Any, target: Any = None) -> Portable:
+    """A Portable of a (bound) dspark drafter; the bound target embedding / LM head become
+    ``embed_tokens`` / ``lm_head`` (what the reference formats store)."""
+    config = drafter.config
+    weights = to_reference_keys(config.kind, {k: v.detach() for k, v in drafter.state_dict().items()})
+    if getattr(drafter, "_embed", None) is not None:
+        dt = next(drafter.parameters()).dtype
+        weights["embed_tokens.weight"] = drafter._embed.to(dt)
+        weights["lm_head.weight"] = drafter._lm_head_full.to(dt)
+    archs = tuple(getattr(getattr(getattr(target, "model", None), "config", None), "architectures", None) or ())
+    max_pos = getattr(getattr(getattr(target, "model", None), "config", None), "max_position_embeddings", None)
+    return Portable(config, weights, config.target.name, archs, max_pos, "dspark")
+
+
+# ---------------------------------------------------------------------------------------------
+# Writers
+# ---------------------------------------------------------------------------------------------
+
+
+def _refuse_unrepresentable(p: Portable, fmt: str) -> None:
+    c = p.config
+    reasons = []
+    if c.kind == "eagle3-fused":
+        reasons.append("it is dspark's pre-reference Eagle3 layout (eagle3-fused), which no reference format holds")
+    if c.head == "silu-markov":
+        reasons.append("its silu-markov head is dspark's pre-reference variant, which no reference format holds")
+    if c.kind in ("dspark", "dflash") and c.mask_token_id is None:
+        reasons.append(f"it has a learned mask vector; the {fmt} format embeds mask slots with a target token's embedding")
+    if not c.layer.qk_norm:
+        reasons.append(f"its draft layers lack q/k norm; the {fmt} format's draft layers are Qwen3 layers")
+    if c.draft_vocab_size is not None:
+        reasons.append(f"it has a reduced draft vocabulary, which dspark does not write to the {fmt} format yet")
+    if fmt == "speculators" and c.head in ("gated-markov", "rnn"):
+        reasons.append(f"vLLM serves only the vanilla head, so a {c.head} head goes to the deepspec format only")
+    if fmt == "deepspec" and not c.sample_from_anchor:
+        reasons.append("it is a z-lab DFlash (drafts from the mask slots only), which DeepSpec's DFlash cannot express")
+    if fmt == "deepspec" and c.kind == "eagle3" and len(c.target_layer_ids) != 5:
+        reasons.append("DeepSpec's Eagle3 needs exactly five target layers")
+    missing = [k for k in TARGET_KEYS if k not in p.weights]
+    if missing:
+        reasons.append(f"the {fmt} format stores the target's embedding and LM head, and this source has none "
+                       "(a dspark checkpoint: pass the target it was trained for)")
+    if reasons:
+        raise FormatError(f"cannot write this {c.kind} drafter in the {fmt} format: " + "; ".join(reasons))
+
+
+def _deepspec_config(p: Portable) -> dict[str, Any]:
+    c = p.config
+    out = {"architectures": ["Qwen3Eagle3Model" if c.kind == "eagle3" else "Qwen3DSparkModel"],
+           **_layer_config(c.layer, c.num_layers, c.vocab_size, p.max_positions),
+           "dtype": _dtype_name(p.weights), "num_target_layers": c.target.num_layers,
+           "target_layer_ids": list(c.target_layer_ids)}
+    if c.kind == "eagle3":
+        out.update(draft_num_hidden_layers=c.num_layers, step_loss_decay=0.8, target_model_name_or_path=p.verifier,
+                   ttt_length=c.gamma)
+    else:
+        out.update(block_size=c.gamma, mask_token_id=c.mask_token_id, num_anchors=512,
+                   enable_confidence_head=c.confidence, markov_rank=c.rank if c.head else 0)
+        if c.head:
+            out.update(markov_head_type=_HEAD_NAMES[c.head], confidence_head_with_markov=True)
+    return dict(sorted(out.items()))
+
+
+def _speculators_config(p: Portable) -> dict[str, Any]:
+    from dspark import __version__
+
+    c = p.config
+    verifier = {"architectures": list(p.verifier_architectures) or ["Qwen3ForCausalLM"], "name_or_path": p.verifier}
+    out: dict[str, Any] = {
+        "architectures": [_SPEC_ARCH[c.kind]],
+        "auto_map": {"": f"config.{ {'dspark': 'DSpark', 'dflash': 'DFlash', 'eagle3': 'Eagle3'}[c.kind]}SpeculatorConfig"},
+        "draft_vocab_size": c.vocab_size, "dtype": _dtype_name(p.weights),
+        "speculators_config": {"algorithm": c.kind, "default_proposal_method": "greedy",
+                               "proposal_methods": [{"accept_tolerance": 0.0, "proposal_type": "greedy",
+                                                     "speculative_tokens": c.gamma, "verifier_accept_k": 1}],
+                               "verifier": verifier},
+        "speculators_model_type": c.kind, "speculators_version": f"dspark-{__version__}",
+        "target_hidden_size": None, "tie_word_embeddings": False,
+        "transformer_layer_config": _layer_config(c.layer, c.num_layers, c.vocab_size, p.max_positions),
+        "transformers_version": _transformers_version(),
+    }
+    speculators_ids = [i + 1 for i in c.target_layer_ids]  # speculators / vLLM index hidden_states
+    if c.kind == "eagle3":
+        out.update(eagle_aux_hidden_state_layer_ids=speculators_ids, embed_requires_grad=False, fc_norm=False,
+                   norm_before_fc=False, norm_before_residual=False, norm_output=False)
+    else:
+        out.update(aux_hidden_state_layer_ids=speculators_ids,
+                   block_size=c.gamma + (0 if c.sample_from_anchor else 1), mask_token_id=c.mask_token_id,
+                   sample_from_anchor=c.sample_from_anchor, sliding_window_non_causal=False)
+        if c.kind == "dspark":
+            out.update(markov_rank=c.rank, markov_head_type=_HEAD_NAMES[c.head], enable_confidence_head=c.confidence,
+                       confidence_head_with_markov=True)
+    return dict(sorted(out.items()))
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _dspark_files(p: Portable, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    from dspark import __version__
+
+    state = from_reference_keys(p.config.kind, {k: v for k, v in p.weights.items() if k not in TARGET_KEYS})
+    if p.config.mask_token_id is not None:
+        state.pop("mask_embedding", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / WEIGHTS_NAME), metadata={"format": "dspark.drafter"})
+    meta = {"format": "dspark.drafter", "format_version": FORMAT_VERSION, "dspark_version": __version__,
+            "config": p.config.to_dict(), "converted_from": p.source_format}
+    (out / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _reference_files(p: Portable, out: Path, fmt: str) -> None:
+    from safetensors.torch import save_file
+
+    _refuse_unrepresentable(p, fmt)
+    cfg = _deepspec_config(p) if fmt == "deepspec" else _speculators_config(p)
+    state = {k: v.contiguous() for k, v in p.weights.items() if k != "mask_embedding"}
+    save_file(state, str(out / WEIGHTS_NAME), metadata={"format": "pt"})  # as transformers' save_pretrained
+    (out / CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def write(p: Portable, fmt: str, out: str | Path, *, overwrite: bool = False) -> Path:
+    """Write ``p`` as a ``fmt`` checkpoint folder ``out``, all or nothing: the files go to a
+    temporary sibling folder that replaces ``out`` only once complete."""
+    if fmt not in ("dspark", "deepspec", "speculators"):
+        raise FormatError(f"cannot write format {fmt!r}; writable: dspark, deepspec, speculators")
+    if fmt != "dspark":
+        _refuse_unrepresentable(p, fmt)  # before touching the disk
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise FormatError(f"{out} exists and is not empty (pass overwrite=True / --overwrite to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        if fmt == "dspark":
+            _dspark_files(p, tmp)
+        else:
+            _reference_files(p, tmp, fmt)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def convert(src: str | Path, to: str, out: str | Path, *, target: Any = None, overwrite: bool = False) -> Path:
+    """Convert checkpoint folder ``src`` (any readable format) to format ``to`` in ``out``.
+
+    A dspark-format source needs ``target`` to write a reference format (those store the target's
+    embedding and LM head); reference ⇄ reference conversion copies the tensors untouched.
+    """
+    p = read(src)
+    if p.source_format == "dspark" and to != "dspark" and target is not None:
+        drafter = build(p, target)
+        p = portable_from_drafter(drafter, target)
+    elif target is not None:
+        _check_verifier(p, target)
+    return write(p, to, out, overwrite=overwrite)
