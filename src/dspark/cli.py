@@ -481,6 +481,47 @@ def _interop(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# dspark convert
+# --------------------------------------------------------------------------------------------
+
+
+def _convert_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Convert a drafter checkpoint between formats: dspark, deepspec (the paper's DeepSpec) and "
+        "speculators (what vLLM serves); z-lab DFlash folders are read too. The source format is detected. "
+        "What the output format cannot represent is refused, never approximated (docs/interop.md)."
+    )
+    p.add_argument("src", help="checkpoint folder (any readable format) or a shipped drafter's name")
+    p.add_argument("out", help="output folder (written all or nothing)")
+    p.add_argument("--to", required=True, choices=["dspark", "deepspec", "speculators"], help="output format")
+    p.add_argument("--target", help="the target the drafter belongs to (smollm2-135m, an HF folder, a .gguf): "
+                   "needed to write a reference format from a dspark checkpoint, and checked against otherwise")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype the target is loaded in (the reference formats store its embedding / LM head)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+
+
+@command("convert", _convert_args)
+def _convert(args: argparse.Namespace) -> int:
+    import torch
+
+    from dspark.checkpoints import locate
+    from dspark.drafters.formats import convert, detect
+
+    src = locate(args.src)
+    fmt = detect(src)  # fail fast, before loading a target
+    target = None
+    if args.target:
+        from dspark.targets import load_target
+
+        target = load_target(args.target, dtype=getattr(torch, args.dtype))
+        target.name = args.target
+    out = convert(src, args.to, args.out, target=target, overwrite=args.overwrite)
+    print(f"{src} ({fmt}) -> {out} ({args.to})")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 # dspark export (same as python -m dspark.export)
 # --------------------------------------------------------------------------------------------
 

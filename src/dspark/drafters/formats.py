@@ -399,6 +399,12 @@ def build(p: Portable, target: Any = None) -> Any:
 
     config = _check_verifier(p, target) if target is not None else p.config
     drafter = build_drafter(config)
+    expected = to_reference_keys(config.kind, drafter.state_dict())
+    for key, want in expected.items():  # shapes under the checkpoint's own key names
+        got = p.weights.get(key)
+        if got is not None and tuple(got.shape) != tuple(want.shape):
+            raise FormatError(f"{p.source_format} checkpoint: {key} has shape {tuple(got.shape)}, but this "
+                              f"{config.kind} config needs {tuple(want.shape)}")
     state = from_reference_keys(config.kind, {k: v for k, v in p.weights.items() if k not in TARGET_KEYS})
     if config.mask_token_id is not None:
         state.pop("mask_embedding", None)  # vLLM's loader skips this placeholder too

@@ -1,0 +1,196 @@
+"""Checkpoint formats: detection, reading, writing and conversion against the reference fixtures.
+
+The oracle is the reference's own files: a DeepSpec checkpoint converted to speculators must have
+exactly the bytes speculators wrote for the same tensors (and back), and each refusal names what
+the output format cannot hold.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import reference_fixtures as rf
+from dspark.cli import main as cli_main
+from dspark.drafters import formats
+from dspark.drafters.checkpoint import CheckpointError, from_pretrained, read_config
+from dspark.protocols.drafter import DraftContext
+from dspark.types import SamplingParams
+
+PAIRS = [("deepspec-dspark-vanilla", "speculators-dspark"), ("deepspec-dflash", "speculators-dflash"),
+         ("deepspec-eagle3", "speculators-eagle3")]
+
+
+@pytest.fixture(scope="module")
+def target(one_thread):
+    return rf.target()
+
+
+def _bytes(folder, name="model.safetensors"):
+    return (folder / name).read_bytes()
+
+
+@pytest.mark.parametrize("name,fmt", [("deepspec-dspark-gated", "deepspec"), ("deepspec-eagle3", "deepspec"),
+                                      ("speculators-dspark", "speculators"), ("speculators-eagle3", "speculators")])
+def test_detect(name, fmt):
+    assert formats.detect(rf.folder(name)) == fmt
+
+
+def test_unknown_folder_names_the_formats_tried(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    with pytest.raises(CheckpointError) as err:
+        formats.detect(tmp_path)
+    msg = str(err.value)
+    for fmt in formats.FORMATS:
+        assert fmt in msg
+    assert "speculators_model_type" in msg and "target_layer_ids" in msg and "dflash_config" in msg
+
+
+@pytest.mark.parametrize("deepspec,speculators", PAIRS)
+def test_deepspec_to_speculators_is_byte_identical(deepspec, speculators, tmp_path):
+    out = formats.convert(rf.folder(deepspec), "speculators", tmp_path / "out")
+    assert _bytes(out) == _bytes(rf.folder(speculators))
+    mine = json.loads((out / "config.json").read_text())
+    ref = json.loads((rf.folder(speculators) / "config.json").read_text())
+    for key in ("architectures", "speculators_model_type", "aux_hidden_state_layer_ids",
+                "eagle_aux_hidden_state_layer_ids", "block_size", "mask_token_id", "sample_from_anchor",
+                "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+                "draft_vocab_size", "norm_before_fc", "fc_norm", "norm_output", "norm_before_residual", "auto_map"):
+        assert mine.get(key) == ref.get(key), key
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "intermediate_size", "rms_norm_eps", "rope_parameters", "vocab_size", "model_type", "layer_types"):
+        assert mine["transformer_layer_config"][key] == ref["transformer_layer_config"][key], key
+    assert mine["speculators_config"]["proposal_methods"] == ref["speculators_config"]["proposal_methods"]
+
+
+@pytest.mark.parametrize("deepspec,speculators", PAIRS)
+def test_speculators_to_deepspec_is_byte_identical(deepspec, speculators, tmp_path):
+    out = formats.convert(rf.folder(speculators), "deepspec", tmp_path / "out")
+    assert _bytes(out) == _bytes(rf.folder(deepspec))
+    mine = json.loads((out / "config.json").read_text())
+    ref = json.loads((rf.folder(deepspec) / "config.json").read_text())
+    for key in ("architectures", "target_layer_ids", "num_target_layers", "block_size", "mask_token_id",
+                "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+                "ttt_length", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "intermediate_size", "rms_norm_eps", "rope_parameters", "vocab_size", "model_type"):
+        assert mine.get(key) == ref.get(key), key
+
+
+@pytest.mark.parametrize("name", ["deepspec-dspark-gated", "deepspec-dspark-rnn", "deepspec-dspark-vanilla",
+                                  "deepspec-dflash"])
+def test_round_trip_through_dspark_format_with_the_target(name, target, tmp_path):
+    """DeepSpec → dspark (no target tensors stored) → DeepSpec (the target supplies them): same bytes."""
+    mid = formats.convert(rf.folder(name), "dspark", tmp_path / "dspark")
+    assert "embed_tokens.weight" not in load_file(str(mid / "model.safetensors"))
+    assert read_config(mid).mask_token_id == 127
+    back = formats.convert(mid, "deepspec", tmp_path / "back", target=target)
+    assert _bytes(back) == _bytes(rf.folder(name))
+    with pytest.raises(CheckpointError, match="embedding and LM head"):
+        formats.convert(mid, "deepspec", tmp_path / "no-target")
+    assert not (tmp_path / "no-target").exists()
+
+
+@pytest.mark.parametrize("name", ["deepspec-dspark-gated", "deepspec-dspark-rnn"])
+def test_gated_and_rnn_heads_are_refused_for_vllm(name, tmp_path):
+    with pytest.raises(CheckpointError) as err:
+        formats.convert(rf.folder(name), "speculators", tmp_path / "out")
+    assert "vLLM serves only the vanilla head" in str(err.value) and "deepspec" in str(err.value)
+    assert not (tmp_path / "out").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_cli_convert_one_liner(tmp_path, capsys):
+    rc = cli_main(["convert", str(rf.folder("deepspec-dspark-vanilla")), str(tmp_path / "out"), "--to", "speculators"])
+    assert rc == 0 and "deepspec" in capsys.readouterr().out
+    assert _bytes(tmp_path / "out") == _bytes(rf.folder("speculators-dspark"))
+    rc = cli_main(["convert", str(rf.folder("deepspec-dspark-vanilla")), str(tmp_path / "out"), "--to", "speculators"])
+    assert rc == 2 and "exists" in capsys.readouterr().err  # never clobbered without --overwrite
+
+
+def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
+    import safetensors.torch as st
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(st, "save_file", boom)
+    with pytest.raises(OSError, match="disk full"):
+        formats.convert(rf.folder("deepspec-dflash"), "speculators", tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_weight_shape_mismatch_names_key_and_shapes(tmp_path, target):
+    shutil.copytree(rf.folder("deepspec-dflash"), tmp_path / "ck")
+    state = load_file(str(tmp_path / "ck" / "model.safetensors"))
+    state["fc.weight"] = state["fc.weight"][:, :128].contiguous()
+    save_file(state, str(tmp_path / "ck" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as err:
+        from_pretrained(tmp_path / "ck", target)
+    assert "fc.weight" in str(err.value) and "(64, 128)" in str(err.value) and "(64, 192)" in str(err.value)
+
+
+def test_checkpoint_for_another_verifier_names_both(tmp_path):
+    """Same dimensions, other weights: the embedding copy in the checkpoint gives it away."""
+    from transformers import AutoModelForCausalLM
+
+    from dspark.targets import HFTarget
+
+    model = AutoModelForCausalLM.from_config(rf.target_model().config).eval()
+    other = HFTarget(model)
+    other.name = "another-qwen3"
+    with pytest.raises(CheckpointError) as err:
+        from_pretrained(rf.folder("deepspec-dspark-vanilla"), other)
+    assert "another-qwen3" in str(err.value) and "another verifier" in str(err.value)
+
+
+def test_missing_field_is_named(tmp_path):
+    shutil.copytree(rf.folder("deepspec-dspark-vanilla"), tmp_path / "ck")
+    cfg = json.loads((tmp_path / "ck" / "config.json").read_text())
+    del cfg["mask_token_id"]
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="mask_token_id"):
+        formats.read(tmp_path / "ck")
+
+
+def _zlab_folder(tmp_path, block_size):
+    """A z-lab DFlash folder (dflash_config, no anchor drafting) holding the deepspec-dflash tensors."""
+    src = rf.folder("deepspec-dflash")
+    cfg = json.loads((src / "config.json").read_text())
+    ids, mask = cfg.pop("target_layer_ids"), cfg.pop("mask_token_id")
+    for k in ("markov_rank", "enable_confidence_head", "num_anchors"):
+        cfg.pop(k, None)
+    cfg.update(architectures=["DFlashDraftModel"], block_size=block_size,
+               dflash_config={"target_layer_ids": ids, "mask_token_id": mask})
+    (tmp_path / "zlab").mkdir()
+    (tmp_path / "zlab" / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(src / "model.safetensors", tmp_path / "zlab" / "model.safetensors")
+    return tmp_path / "zlab"
+
+
+def test_zlab_dflash_drafts_from_the_mask_slots_only(tmp_path, target):
+    """z-lab's block of B is [anchor, MASK × (B−1)] and its anchor row predicts nothing: its γ = B − 1
+    drafts are rows 1..B−1 of the same forward that DeepSpec's DFlash (rows 0..B−1) runs."""
+    zlab = from_pretrained(_zlab_folder(tmp_path, 8), target)
+    assert formats.detect(tmp_path / "zlab") == "zlab-dflash"
+    assert zlab.gamma == 7 and not zlab.config.sample_from_anchor
+    t, _ = rf.cases("deepspec-dflash")
+    ids, feats = t["round_1/known_ids"], t["round_1/target_hidden_states"]
+    block = zlab.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
+    ref_cfg = json.loads((rf.folder("deepspec-dflash") / "config.json").read_text())
+    ref_cfg["block_size"] = 8
+    (tmp_path / "ds8").mkdir()
+    (tmp_path / "ds8" / "config.json").write_text(json.dumps(ref_cfg))
+    shutil.copy(rf.folder("deepspec-dflash") / "model.safetensors", tmp_path / "ds8" / "model.safetensors")
+    ds8 = from_pretrained(tmp_path / "ds8", target)
+    rows = ds8.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
+    torch.testing.assert_close(block.draft_logits[0], rows.draft_logits[0, 1:], atol=1e-5, rtol=0)
+    assert block.tokens[0].tolist() == rows.tokens[0, 1:].tolist()
+    # written as speculators it keeps sample_from_anchor false and block_size B
+    out = formats.convert(tmp_path / "zlab", "speculators", tmp_path / "spec")
+    spec = json.loads((out / "config.json").read_text())
+    assert spec["sample_from_anchor"] is False and spec["block_size"] == 8
+    with pytest.raises(CheckpointError, match="z-lab"):
+        formats.convert(tmp_path / "zlab", "deepspec", tmp_path / "ds")
