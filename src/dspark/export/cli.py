@@ -12,7 +12,6 @@ checked, the engines are not built, and one sentence says what is missing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -98,13 +97,12 @@ def _checkpoint_kind(ckpt: Path) -> dict[str, Any]:
 
     if not ckpt.exists():
         raise ExportError(f"checkpoint {ckpt} does not exist")
-    if not (ckpt / "config.json").is_file():
-        raise ExportError(f"{ckpt} is not a drafter checkpoint (no config.json; expected a folder written by save_pretrained)")
-    try:
-        meta = json.loads((ckpt / "config.json").read_text())
-        return dict(meta["config"])
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise ExportError(f"{ckpt / 'config.json'} is not a dspark drafter config ({_one_line(exc)})") from None
+    from dspark.drafters.checkpoint import CheckpointError, read_config
+
+    try:  # any readable format (dspark, DeepSpec, speculators, z-lab DFlash), before the target loads
+        return read_config(ckpt).to_dict()
+    except CheckpointError as exc:
+        raise ExportError(f"{ckpt} is not a readable drafter checkpoint: {_one_line(exc)}") from None
 
 
 def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bool, label: str) -> bool:
