@@ -225,8 +225,12 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
     p.add_argument("--features", default="cache", choices=["cache", "online"],
                    help="teacher features from an on-disk cache (built on first use) or online")
-    p.add_argument("--feature-cache", help="cache folder (default DATA/features)")
-    p.add_argument("--top-k", type=int, default=32, help="teacher top-k kept for the L1 / overlap losses")
+    p.add_argument("--feature-cache", help="cache folder (default DATA/features-full, or DATA/features for --teacher topk)")
+    p.add_argument("--teacher", default="full", choices=["full", "topk"],
+                   help="full: the target's full-vocabulary distribution (the reference; the step applies the "
+                        "LM head to the cached final hidden state); topk: only its --top-k most likely tokens "
+                        "(L1 / acceptance rate biased)")
+    p.add_argument("--top-k", type=int, default=32, help="k of the top-k teacher (--teacher topk)")
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--save-dtype", default="int8", choices=["float32", "float16", "bfloat16", "int8"])

@@ -1,7 +1,9 @@
 """Teacher-forced training forwards of the neural drafters, over padded batches of sequences.
 
-Terms: S sequences of (padded) length n, each with features f_t [m·d] and teacher top-k at every
-position t; N anchors per sequence; γ block size; V_d the drafter's vocabulary; k the teacher top-k.
+Terms: S sequences of (padded) length n, each with features f_t [m·d] and a teacher at every
+position t — the target's final-normed last hidden state z_t [d] (full-vocabulary teacher
+p_t = softmax(W_lm z_t), computed in the step with the target's LM head) or a top-k summary;
+N anchors per sequence; γ block size; V_d the drafter's vocabulary; k the teacher top-k.
 
 Block drafters (DSpark, DFlash): every anchor a of a sequence gives one block [x_a, MASK × (γ−1)]
 at positions a..a+γ−1 that attends to the injected context (positions < a) and bidirectionally to
@@ -25,7 +27,9 @@ from typing import Any
 import torch
 from attrs import frozen
 
-__all__ = ["Batch", "Targets", "block_forward", "eagle3_forward"]
+from dspark.training.losses import eval_mask
+
+__all__ = ["Batch", "Targets", "teacher_at", "block_forward", "eagle3_forward"]
 
 
 @frozen
@@ -34,21 +38,78 @@ class Batch:
     lengths: torch.Tensor  # [S] real lengths
     prompt_lens: torch.Tensor  # [S] the response starts here
     feats: torch.Tensor  # [S, n, m·d] target features at the drafter's layer ids
-    top_ids: torch.Tensor  # [S, n, k] teacher's top-k next tokens (target ids)
-    top_logp: torch.Tensor  # [S, n, k]
+    top_ids: torch.Tensor | None  # [S, n, k] top-k teacher: the target's k most likely next tokens
+    top_logp: torch.Tensor | None  # [S, n, k] their log-probabilities
     anchors: torch.Tensor  # [S, N] anchor positions, −1 = none
+    last_hidden: torch.Tensor | None = None  # [S, n, d] full teacher: target's final-normed last hidden state
+    loss_mask: torch.Tensor | None = None  # [S, n] 1 = supervised label position; None: prompt_len ≤ t < length
+
+    def mask(self) -> torch.Tensor:
+        """The loss mask [S, n] float (default: the response, prompt_lens ≤ t < lengths)."""
+        if self.loss_mask is not None:
+            return self.loss_mask.float()
+        t = torch.arange(self.ids.shape[1])[None]
+        return ((t >= self.prompt_lens[:, None]) & (t < self.lengths[:, None])).float()
 
 
 @frozen
 class Targets:
-    """What the losses read, per (block or chain) × position."""
+    """What the losses read, per row (block or chain) × position (Eagle3: step).
+
+    The teacher comes in one of two forms (``teacher_at``): full vocabulary (``p``, ``p_out``) or
+    top-k (``p_slots``, ``p_top``); the other pair is None. ``valid`` is the supervision mask
+    (block drafters: the reference's cumulative ``eval_mask``). ``weight`` / ``den``: per-token
+    loss weights and the normaliser, when a forward sets them itself (Eagle3 may: see
+    ``losses.eagle3_loss_weights``); None = the trainer derives them from ``valid``.
+    """
 
     logq: torch.Tensor  # [B, γ, V_d]
     label: torch.Tensor  # [B, γ] draft slot of the true next token, −1 outside the draft vocab
-    p_slots: torch.Tensor  # [B, γ, k] draft slots of the teacher's top-k, −1 outside
-    p_top: torch.Tensor  # [B, γ, k] teacher probabilities
+    p_slots: torch.Tensor | None  # [B, γ, k] top-k teacher: draft slots of its top-k, −1 outside
+    p_top: torch.Tensor | None  # [B, γ, k] their probabilities
     valid: torch.Tensor  # [B, γ] bool
     conf_logits: torch.Tensor | None  # [B, γ]
+    p: torch.Tensor | None = None  # [B, γ, V_d] full teacher: probability of each draft slot's token
+    p_out: torch.Tensor | None = None  # [B, γ] full teacher's mass outside the draft vocabulary
+    weight: torch.Tensor | None = None  # [B, γ] float loss weights (None: derived by the trainer)
+    den: torch.Tensor | None = None  # scalar normaliser of this micro-batch (None: Σ weight)
+    hidden: torch.Tensor | None = None  # [B, γ, d] block drafters: backbone output after the final norm
+    logits: torch.Tensor | None = None  # [B, γ, V_d] the logits logq was normalised from (Ũ)
+
+
+@torch.no_grad()
+def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """The teacher distribution at positions ``pos`` [S, M] (the target's distribution of token
+    pos + 1) → (p_slots, p_top, p, p_out), each [S, M, ·], the unused pair None.
+
+    Full (``batch.last_hidden`` set): p = softmax(W_lm z_pos) over the target vocabulary with the
+    drafter's bound full LM head, read at the draft slots (placeholder slot 0), p_out the rest.
+    Top-k (``batch.top_ids``): the k ids mapped to draft slots and their probabilities.
+    """
+    S, M = pos.shape
+    pos = pos.clamp(0, batch.ids.shape[1] - 1)
+    if batch.last_hidden is not None:
+        W = drafter._lm_head_full  # [V, d]
+        if W is None:
+            raise RuntimeError("bind_target(embed, lm_head) must be called before training")
+        z = batch.last_hidden.gather(1, pos[..., None].expand(S, M, batch.last_hidden.shape[-1]))  # [S, M, d]
+        ps, outs = [], []
+        for r in range(S):  # one sequence at a time: the [M, V] fp32 logits are the peak memory
+            p_full = torch.softmax(z[r].to(W.dtype) @ W.T, dim=-1, dtype=torch.float32)  # [M, V]
+            if drafter.vocab_map is None:
+                ps.append(p_full)
+                outs.append(p_full.new_zeros(M))
+            else:
+                p_d = p_full[:, drafter.draft_ids]  # [M, V_d]
+                p_d[:, -1] = 0.0  # the placeholder slot scores nothing
+                ps.append(p_d)
+                outs.append((1.0 - p_d.sum(-1)).clamp_min(0.0))
+        return None, None, torch.stack(ps), torch.stack(outs)
+    if batch.top_ids is None or batch.top_logp is None:
+        raise ValueError("the batch has no teacher (neither last_hidden nor top_ids / top_logp)")
+    k = batch.top_ids.shape[-1]
+    idx = pos[..., None].expand(S, M, k)
+    return _slots(drafter, batch.top_ids.gather(1, idx)), batch.top_logp.gather(1, idx).float().exp(), None, None
 
 
 def _slots(drafter: Any, tokens: torch.Tensor) -> torch.Tensor:
@@ -91,13 +152,17 @@ def block_forward(drafter: Any, batch: Batch) -> Targets:
         if drafter.confidence_head is not None:
             conf = drafter.confidence_head(h, drafter.head.prev_embedding(prev))  # [B, γ]
     label = _slots(drafter, batch.ids.gather(1, nxt.reshape(S, -1))).reshape(S * N, g)
-    valid = has[..., None] & (a0[..., None] + offs + 1 < batch.lengths[:, None, None])  # [S, N, γ]
-    k = batch.top_ids.shape[-1]
-    gather = idx.reshape(S, N * g, 1).expand(-1, -1, k)
-    p_ids = batch.top_ids.gather(1, gather).reshape(S * N, g, k)
-    p_top = batch.top_logp.gather(1, gather).reshape(S * N, g, k).exp()
-    return Targets(torch.log_softmax(U, dim=-1), label, _slots(drafter, p_ids), p_top,
-                   valid.reshape(S * N, g), conf)
+    # supervised while the label a+j+1 is inside the sequence and in the loss mask (cumulative)
+    valid = eval_mask(a0[..., None] + offs + 1, batch.mask(), has)  # [S, N, γ]
+    # teacher at a+j: p_{a+j} is the target's distribution of x_{a+j+1}; like the reference, a label
+    # index clamped to n−1 reads the teacher at n−2 (such slots are masked anyway)
+    p_slots, p_top, p, p_out = teacher_at(drafter, batch, (nxt - 1).reshape(S, N * g))
+
+    def rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.reshape(S * N, g, *t.shape[2:])
+
+    return Targets(torch.log_softmax(U, dim=-1), label, rows(p_slots), rows(p_top), valid.reshape(S * N, g), conf,
+                   p=rows(p), p_out=rows(p_out), hidden=h, logits=U)
 
 
 def eagle3_forward(drafter: Any, batch: Batch) -> Targets:

@@ -111,7 +111,8 @@ def _run_train(args: Any, rank: int, world: int) -> int:
     drafter = build_for_target(model, args.kind, sequences=seqs, init=args.init,
                                target_name=args.model, **config)
     if args.features == "cache":
-        cache_dir = Path(args.feature_cache or Path(args.data) / "features")
+        teacher = getattr(args, "teacher", "full")
+        cache_dir = Path(args.feature_cache or Path(args.data) / ("features-full" if teacher == "full" else "features"))
         cache = None
         if rank == 0:
             from dspark.drafters.config import default_layer_ids
@@ -121,14 +122,18 @@ def _run_train(args: Any, rank: int, world: int) -> int:
             # for a complete cache, and refuses a cache of other data or settings.
             L = model.config.num_hidden_layers
             layers = sorted(set(default_layer_ids(L, min(5, L - 1))) | set(drafter.target_layer_ids))
-            cache = build_feature_cache(model, seqs, cache_dir, layers, top_k=args.top_k, progress=not args.quiet)
+            cache = build_feature_cache(model, seqs, cache_dir, layers, top_k=args.top_k, progress=not args.quiet,
+                                        teacher=teacher)
         if world > 1:
             import torch.distributed as dist
 
             dist.barrier()
-        data = TrainData(seqs, pls, cache=cache if cache is not None else FeatureCache(cache_dir))
+        cache = cache if cache is not None else FeatureCache(cache_dir)
+        if cache.teacher != teacher:
+            raise ValueError(f"{cache_dir} holds a {cache.teacher!r}-teacher cache, not {teacher!r}")
+        data = TrainData(seqs, pls, cache=cache)
     else:
-        data = TrainData(seqs, pls, model=model, top_k=args.top_k)
+        data = TrainData(seqs, pls, model=model, teacher=getattr(args, "teacher", "full"), top_k=args.top_k)
     tc = TrainConfig.for_kind(
         args.kind, steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors,
         grad_accum=args.grad_accum, lr=args.lr, dtype=args.dtype, seed=args.seed,
@@ -148,6 +153,7 @@ def _run_train(args: Any, rank: int, world: int) -> int:
         ckpt = save_pretrained(drafter, out / "checkpoint", dtype=_save_dtype(args.save_dtype),
                                quantize=args.save_dtype == "int8")
         summary = {"kind": args.kind, "head": config.get("head"), "steps": tc.steps, "train": tc.to_dict(),
+                   "teacher": data.teacher, "teacher_top_k": data.top_k,
                    "drafter": drafter.config.to_dict(), "sequences": len(seqs),
                    "tokens": sum(len(s) for s in seqs), "seconds_this_run": time.perf_counter() - t0,
                    "seconds_total": log[-1].get("seconds", 0.0) if log else 0.0, "world_size": world,

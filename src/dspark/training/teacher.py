@@ -4,13 +4,24 @@ For a token sequence x_0..x_{n−1} the teacher gives, at every position t:
 
 * ``feats`` [n, m·d] — the target's hidden states after decoder layers ``layer_ids`` (what the
   engine hands a drafter at inference: ``hidden_states[k + 1]`` for layer k), concatenated;
-* ``top_ids`` / ``top_logp`` [n, k] — the target's k most likely next tokens x_{t+1} and their
-  log-probabilities (T = 1), a top-k summary of p_t for the L1 / overlap losses.
+* the teacher p_t (the target's distribution of x_{t+1}, T = 1), in one of two forms:
+
+  - ``teacher="full"`` (the reference's, default): ``last_hidden`` [n, d] — the target's
+    *final-normed* last hidden state z_t (HF ``hidden_states[-1]``; DeepSpec's
+    ``target_last_hidden_states``). The training step turns it into the full-vocabulary
+    p_t = softmax(W_lm z_t) with the target's LM head (``forward.teacher_at``): exact L1 / α, and
+    d numbers per position to store instead of V.
+  - ``teacher="topk"``: ``top_ids`` / ``top_logp`` [n, k] — the target's k most likely next
+    tokens and their log-probabilities. The L1 / α computed from it are bounds (α biased low).
+
+Per sequence the teacher returns a :class:`TeacherRow` (feats, last_hidden, top_ids, top_logp)
+with the unused pair None.
 
 Online mode runs the target forward inside the training step (no cache, any data size: the
 reference needs ~38 TB to cache this for its full runs). The cache (safetensors shards, fp16
-features) is for small runs where several drafters train on the same data: it is built once,
-resumably, shard by shard.
+features / hidden states) is for small runs where several drafters train on the same data: it is
+built once, resumably, shard by shard. ``cache.json`` records the teacher form; a cache written
+before the form was recorded is a top-k cache and keeps loading as one.
 """
 
 from __future__ import annotations
@@ -18,19 +29,38 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["teacher_forward", "FeatureCache", "build_feature_cache"]
+__all__ = ["TEACHERS", "TeacherRow", "teacher_forward", "FeatureCache", "build_feature_cache"]
+
+TEACHERS = ("full", "topk")
+
+
+class TeacherRow(NamedTuple):
+    feats: torch.Tensor  # [n, m·d] fp32
+    last_hidden: torch.Tensor | None  # [n, d] fp32 (teacher "full")
+    top_ids: torch.Tensor | None  # [n, k] int64 (teacher "topk")
+    top_logp: torch.Tensor | None  # [n, k] fp32
+
+
+def _check_teacher(teacher: str, top_k: int | None) -> None:
+    if teacher not in TEACHERS:
+        raise ValueError(f"teacher must be one of {TEACHERS}, got {teacher!r}")
+    if teacher == "topk" and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"the top-k teacher needs top_k >= 1, got {top_k!r}")
 
 
 @torch.inference_mode()
 def teacher_forward(
-    model: Any, seqs: Sequence[Sequence[int]], layer_ids: Sequence[int], top_k: int
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """One padded forward of the target over ``seqs``: per sequence (feats [n, m·d] fp32,
-    top_ids [n, k] int64, top_logp [n, k] fp32)."""
+    model: Any, seqs: Sequence[Sequence[int]], layer_ids: Sequence[int], top_k: int | None = None,
+    *, teacher: str = "full",
+) -> list[TeacherRow]:
+    """One padded forward of the target over ``seqs`` → one :class:`TeacherRow` per sequence:
+    feats [n, m·d] and, for ``teacher="full"``, the final-normed last hidden state [n, d]; for
+    ``teacher="topk"``, the top-``top_k`` ids and log-probabilities [n, k]."""
+    _check_teacher(teacher, top_k)
     S = len(seqs)
     n_max = max(len(s) for s in seqs)
     ids = torch.zeros(S, n_max, dtype=torch.long)
@@ -38,16 +68,24 @@ def teacher_forward(
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(list(s))
         mask[i, : len(s)] = 1
-    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    if teacher == "full":  # the LM head runs in the training step, on the positions it needs
+        backbone = getattr(model, "base_model", model)  # HF: the decoder without the LM head
+        out = backbone(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    else:
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
     hs = out.hidden_states
     n_layers = len(hs) - 1
     bad = [k for k in layer_ids if not 0 <= k < n_layers]
     if bad:
         raise ValueError(f"target layer ids {bad} do not exist (the target has layers 0..{n_layers - 1})")
     feats = torch.cat([hs[k + 1] for k in layer_ids], dim=-1).float()  # [S, n, m·d]
+    if teacher == "full":
+        last = hs[-1].float()  # [S, n, d] after the final norm (= the backbone's last_hidden_state)
+        return [TeacherRow(feats[i, : len(s)].clone(), last[i, : len(s)].clone(), None, None)
+                for i, s in enumerate(seqs)]
     logp = torch.log_softmax(out.logits.float(), dim=-1)  # [S, n, V]
     top_logp, top_ids = logp.topk(top_k, dim=-1)  # [S, n, k]
-    return [(feats[i, : len(s)].clone(), top_ids[i, : len(s)].clone(), top_logp[i, : len(s)].clone())
+    return [TeacherRow(feats[i, : len(s)].clone(), None, top_ids[i, : len(s)].clone(), top_logp[i, : len(s)].clone())
             for i, s in enumerate(seqs)]
 
 
@@ -63,30 +101,42 @@ class FeatureCache:
             raise FileNotFoundError(f"{self.root} is not a feature cache (no cache.json)")
         self.meta = json.loads(meta_path.read_text())
         self.layer_ids: tuple[int, ...] = tuple(self.meta["layer_ids"])
-        self.top_k: int = int(self.meta["top_k"])
-        self._rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.teacher: str = self.meta.get("teacher", "topk")  # caches without the key are top-k caches
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"{self.root}: unknown teacher form {self.teacher!r} in cache.json")
+        self.top_k: int | None = int(self.meta["top_k"]) if self.teacher == "topk" else None
+        keys = ("last_hidden",) if self.teacher == "full" else ("top_ids", "top_logp")
+        self._rows: list[tuple[torch.Tensor, ...]] = []
         for shard in range(self.meta["complete_shards"]):
             path = self.root / f"shard-{shard:05d}.safetensors"
             try:
                 t = load_file(str(path))
             except Exception as exc:
                 raise ValueError(f"feature cache shard {path} is unreadable ({exc}); delete it and rebuild") from None
+            missing = [k for k in keys if k not in t]
+            if missing:
+                raise ValueError(f"feature cache shard {path} lacks {missing} for a {self.teacher!r} teacher; "
+                                 "delete the cache and rebuild")
             off = t["offsets"].tolist()
             for a, b in zip(off[:-1], off[1:]):
-                self._rows.append((t["feats"][a:b], t["top_ids"][a:b], t["top_logp"][a:b]))
+                self._rows.append((t["feats"][a:b], *(t[k][a:b] for k in keys)))
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def get(self, index: int, layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(feats [n, m'·d] for ``layer_ids`` ⊆ cached ids, top_ids [n, k], top_logp [n, k]), fp32/int64."""
-        feats, ids, logp = self._rows[index]
+    def get(self, index: int, layer_ids: Sequence[int]) -> TeacherRow:
+        """:class:`TeacherRow` with feats [n, m'·d] for ``layer_ids`` ⊆ cached ids (fp32), and the
+        cached teacher (last_hidden fp32, or top_ids int64 / top_logp fp32)."""
+        feats, *rest = self._rows[index]
         missing = [k for k in layer_ids if k not in self.layer_ids]
         if missing:
             raise ValueError(f"feature cache {self.root} holds layers {list(self.layer_ids)}, not {missing}")
         d = feats.shape[1] // len(self.layer_ids)
         cols = [feats[:, self.layer_ids.index(k) * d : (self.layer_ids.index(k) + 1) * d] for k in layer_ids]
-        return torch.cat(cols, dim=1).float(), ids.long(), logp.float()
+        f = torch.cat(cols, dim=1).float()
+        if self.teacher == "full":
+            return TeacherRow(f, rest[0].float(), None, None)
+        return TeacherRow(f, None, rest[0].long(), rest[1].float())
 
 
 def build_feature_cache(
@@ -94,25 +144,32 @@ def build_feature_cache(
     seqs: Sequence[Sequence[int]],
     root: str | Path,
     layer_ids: Sequence[int],
-    top_k: int = 32,
+    top_k: int | None = 32,
     batch_size: int = 8,
     shard_size: int = 256,
     progress: bool = True,
+    *,
+    teacher: str = "full",
 ) -> FeatureCache:
     """Run the teacher over ``seqs`` and write shards of ``shard_size`` sequences; an interrupted
     build resumes at the first incomplete shard. Sequences are processed longest-first within a
-    shard (less padding)."""
+    shard (less padding). ``top_k`` is used (and recorded) only for ``teacher="topk"``."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
+    _check_teacher(teacher, top_k)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     meta_path = root / "cache.json"
-    fingerprint = {"layer_ids": list(layer_ids), "top_k": top_k, "num_sequences": len(seqs),
-                   "shard_size": shard_size, "tokens": sum(len(s) for s in seqs)}
+    fingerprint = {"layer_ids": list(layer_ids), "teacher": teacher, "top_k": top_k if teacher == "topk" else None,
+                   "num_sequences": len(seqs), "shard_size": shard_size, "tokens": sum(len(s) for s in seqs)}
     done = 0
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
+        meta.setdefault("teacher", "topk")  # written before the teacher form was recorded
+        if meta["teacher"] != teacher:
+            raise ValueError(f"{root} holds a feature cache for the {meta['teacher']!r} teacher, not {teacher!r}; "
+                             "use another folder (--feature-cache) or --teacher " + meta["teacher"])
         if {k: meta.get(k) for k in fingerprint} != fingerprint:
             raise ValueError(f"{root} holds a feature cache for other data or settings; use another folder")
         done = int(meta["complete_shards"])
@@ -122,17 +179,19 @@ def build_feature_cache(
         for shard in range(done, n_shards):
             chunk = list(range(shard * shard_size, min(len(seqs), (shard + 1) * shard_size)))
             order = sorted(chunk, key=lambda i: -len(seqs[i]))
-            rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+            rows: dict[int, TeacherRow] = {}
             for b in range(0, len(order), batch_size):
                 idx = order[b : b + batch_size]
-                for i, r in zip(idx, teacher_forward(model, [seqs[i] for i in idx], layer_ids, top_k)):
+                for i, r in zip(idx, teacher_forward(model, [seqs[i] for i in idx], layer_ids, top_k, teacher=teacher)):
                     rows[i] = r
                 bar.update(len(idx))
-            feats = torch.cat([rows[i][0] for i in chunk]).half()
-            offsets = torch.tensor([0] + [len(seqs[i]) for i in chunk]).cumsum(0)
-            save_file({"feats": feats.contiguous(),
-                       "top_ids": torch.cat([rows[i][1] for i in chunk]).int().contiguous(),
-                       "top_logp": torch.cat([rows[i][2] for i in chunk]).half().contiguous(),
-                       "offsets": offsets}, str(root / f"shard-{shard:05d}.safetensors"))
+            tensors = {"feats": torch.cat([rows[i].feats for i in chunk]).half().contiguous(),
+                       "offsets": torch.tensor([0] + [len(seqs[i]) for i in chunk]).cumsum(0)}
+            if teacher == "full":
+                tensors["last_hidden"] = torch.cat([rows[i].last_hidden for i in chunk]).half().contiguous()
+            else:
+                tensors["top_ids"] = torch.cat([rows[i].top_ids for i in chunk]).int().contiguous()
+                tensors["top_logp"] = torch.cat([rows[i].top_logp for i in chunk]).half().contiguous()
+            save_file(tensors, str(root / f"shard-{shard:05d}.safetensors"))
             meta_path.write_text(json.dumps({**fingerprint, "complete_shards": shard + 1}) + "\n")
     return FeatureCache(root)

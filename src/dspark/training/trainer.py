@@ -3,9 +3,14 @@
 Every random choice is a function of (seed, step, global sample index): which sequences form the
 global batch of a step, and which anchors each sequence gets. So a run killed and resumed from its
 last checkpoint replays exactly the same batches, and R data-parallel ranks (``torchrun``, gloo on
-CPU) that each take 1/R of every global batch compute the same gradients as one process: losses
-are sums divided by the global number of blocks (``losses.block_losses``), DDP averages the
-gradients over ranks, and each rank's loss is scaled by R to undo the average.
+CPU) that each take 1/R of every global batch compute the same gradients as one process.
+
+Loss normalisation is the reference's (DeepSpec): each loss term is num / (den + 1e-6) with
+num = Σ w·ℓ and den = Σ w summed over every supervised token of the global batch
+(``losses``). Each micro-batch backpropagates its own Σ λ·num; after the last one the ranks
+all-reduce den (with the statistics) and the gradients are scaled by R / (den + 1e-6) (R undoes
+DDP's average). Unlike DeepSpec — whose den is summed over ranks but not over gradient-accumulation
+micro-steps — the result does not depend on how the global batch is split.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ import torch
 from attrs import field, frozen, validators
 
 from dspark.training.forward import Batch, block_forward, eagle3_forward
-from dspark.training.losses import analytic_tau, block_losses
+from dspark.training.losses import (
+    DEN_EPS,
+    analytic_tau,
+    block_terms,
+    eagle3_loss_weights,
+    eagle3_terms,
+    loss_weights,
+)
 
 __all__ = ["TrainConfig", "TrainData", "Trainer", "lr_at"]
 
@@ -59,14 +71,15 @@ class TrainConfig:
     lambda_l1: float = field(default=0.9, validator=_nonneg)
     lambda_conf: float = field(default=1.0, validator=_nonneg)
     lambda_soft_ce: float = field(default=0.0, validator=_nonneg)
-    decay: float = field(default=4.0, validator=_pos)
+    decay: float = field(default=4.0, validator=_pos)  # block position weights exp(−j / decay)
+    step_decay: float = field(default=0.8, validator=_pos)  # Eagle3 step weights step_decay^k
     seed: int = field(default=0)
     checkpoint_every: int = field(default=100, validator=_pos)
 
     @classmethod
     def for_kind(cls, kind: str, **overrides: Any) -> TrainConfig:
-        """The paper's loss per drafter kind: DSpark CE + L1 + confidence BCE; DFlash CE;
-        Eagle3 soft-label CE over its unrolled steps."""
+        """The reference's loss per drafter kind (DeepSpec configs): DSpark 0.1·CE + 0.9·L1 +
+        1.0·confidence BCE; DFlash 1.0·CE; Eagle3 full-vocabulary soft CE, steps weighted 0.8^k."""
         losses = {"dspark": {}, "dflash": {"lambda_ce": 1.0, "lambda_l1": 0.0, "lambda_conf": 0.0},
                   "eagle3": {"lambda_ce": 0.0, "lambda_l1": 0.0, "lambda_conf": 0.0, "lambda_soft_ce": 1.0}}
         if kind not in losses:
@@ -88,10 +101,12 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 class TrainData:
     """Training sequences (ids + where the response starts) and where their teacher comes from:
-    a :class:`~dspark.training.teacher.FeatureCache` or an online target model."""
+    a :class:`~dspark.training.teacher.FeatureCache` or an online target model. ``teacher``
+    (online only; a cache knows its own): "full" — the target's final-normed last hidden state,
+    the full-vocabulary teacher of the reference — or "topk" (``top_k`` most likely tokens)."""
 
     def __init__(self, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], *,
-                 cache: Any = None, model: Any = None, top_k: int = 32) -> None:
+                 cache: Any = None, model: Any = None, teacher: str = "full", top_k: int = 32) -> None:
         if len(sequences) != len(prompt_lens) or not sequences:
             raise ValueError("need one prompt length per sequence, and at least one sequence")
         if (cache is None) == (model is None):
@@ -104,17 +119,24 @@ class TrainData:
         self.sequences = [list(s) for s in sequences]
         self.prompt_lens = list(prompt_lens)
         self.cache, self.model = cache, model
-        self.top_k = cache.top_k if cache is not None else top_k
+        from dspark.training.teacher import TEACHERS
+
+        if cache is None and teacher not in TEACHERS:
+            raise ValueError(f"teacher must be one of {TEACHERS}, got {teacher!r}")
+        self.teacher: str = cache.teacher if cache is not None else teacher
+        self.top_k: int | None = cache.top_k if cache is not None else (top_k if teacher == "topk" else None)
 
     def __len__(self) -> int:
         return len(self.sequences)
 
-    def teacher(self, idx: Sequence[int], layer_ids: Sequence[int]) -> list[tuple[torch.Tensor, ...]]:
+    def teacher_rows(self, idx: Sequence[int], layer_ids: Sequence[int]) -> list[Any]:
+        """One :class:`~dspark.training.teacher.TeacherRow` per sequence index."""
         if self.cache is not None:
             return [self.cache.get(i, layer_ids) for i in idx]
         from dspark.training.teacher import teacher_forward
 
-        return teacher_forward(self.model, [self.sequences[i] for i in idx], layer_ids, self.top_k)
+        return teacher_forward(self.model, [self.sequences[i] for i in idx], layer_ids, self.top_k,
+                               teacher=self.teacher)
 
 
 @functools.lru_cache(maxsize=4)
@@ -132,33 +154,66 @@ def global_batch(cfg: TrainConfig, step: int, n: int) -> list[int]:
     return out
 
 
-def sample_anchors(cfg: TrainConfig, step: int, slot: int, length: int, prompt_len: int) -> list[int]:
-    """Up to N distinct anchors in [prompt_len − 1, length − 2] for global batch slot ``slot``."""
-    lo, hi = prompt_len - 1, length - 2
-    cand = hi - lo + 1
-    if cand <= 0:
+def anchor_candidates(length: int, prompt_len: int, loss_mask: Sequence[float] | None = None) -> list[int]:
+    """Positions a the reference may anchor a block at: loss_mask[a] = loss_mask[a+1] = 1,
+    a ≤ length − 2 (the anchor and the first label inside the supervised response). The default
+    loss mask is the response, positions prompt_len … length − 1: candidates prompt_len … length − 2."""
+    if loss_mask is None:
+        return list(range(prompt_len, length - 1))
+    return [a for a in range(min(length, len(loss_mask)) - 1) if loss_mask[a] > 0.5 and loss_mask[a + 1] > 0.5]
+
+
+def sample_anchors(cfg: TrainConfig, step: int, slot: int, length: int, prompt_len: int,
+                   loss_mask: Sequence[float] | None = None) -> list[int]:
+    """Up to N distinct anchors among :func:`anchor_candidates`, drawn without replacement and
+    sorted; deterministic in (seed, step, global batch slot)."""
+    cand = anchor_candidates(length, prompt_len, loss_mask)
+    if not cand:
         return []
     g = torch.Generator().manual_seed(zlib.crc32(f"{cfg.seed}/{step}/{slot}".encode()))
-    pick = torch.randperm(cand, generator=g)[: cfg.anchors_per_seq] + lo
-    return sorted(pick.tolist())
+    pick = torch.randperm(len(cand), generator=g)[: cfg.anchors_per_seq]
+    return sorted(cand[i] for i in pick.tolist())
 
 
 class _Objective(torch.nn.Module):
-    """The drafter + its training forward and loss, one module so DDP can wrap it."""
+    """The drafter + its training forward and loss, one module so DDP can wrap it.
+
+    ``forward(batch)`` → (Σ λ·num to backpropagate, detached {term: num}, den, per-position
+    α sums [γ] and supervised counts [γ]) for one micro-batch."""
 
     def __init__(self, drafter: Any, cfg: TrainConfig) -> None:
         super().__init__()
         self.drafter = drafter
         self.cfg = cfg
-        self.fwd = eagle3_forward if drafter.config.kind == "eagle3" else block_forward
+        self.eagle3 = drafter.config.kind == "eagle3"
+        self.fwd = eagle3_forward if self.eagle3 else block_forward
 
-    def forward(self, batch: Batch, norm: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor,
+                                             torch.Tensor, torch.Tensor]:
         c = self.cfg
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.dtype == "bfloat16"):
             t = self.fwd(self.drafter, batch)
-        return block_losses(t.logq.float(), t.label, t.p_slots, t.p_top, t.valid, t.conf_logits, norm=norm,
-                            lambda_ce=c.lambda_ce, lambda_l1=c.lambda_l1, lambda_conf=c.lambda_conf,
-                            lambda_soft_ce=c.lambda_soft_ce, decay=c.decay)
+        teacher = dict(p=t.p, p_out=t.p_out, p_slots=t.p_slots, p_top=t.p_top)
+        valid = t.valid
+        if self.eagle3:
+            w = t.weight if t.weight is not None else eagle3_loss_weights(valid, c.step_decay)
+            num, nums, per = eagle3_terms(t.logq.float(), w, **teacher)
+            total = c.lambda_soft_ce * num
+            den = t.den if t.den is not None else valid.any(-1).sum().float()  # chains (a mean over chains)
+        else:
+            w = t.weight if t.weight is not None else loss_weights(valid, c.decay)
+            total, nums, per = block_terms(t.logq.float(), t.label, w, t.conf_logits, **teacher,
+                                           lambda_ce=c.lambda_ce, lambda_l1=c.lambda_l1, lambda_conf=c.lambda_conf)
+            den = t.den if t.den is not None else nums.pop("den")
+            nums.pop("den", None)
+        vf = valid.float()
+        return total, nums, den.detach().float(), (per["alpha"] * vf).sum(0), vf.sum(0)
+
+    def lambdas(self) -> dict[str, float]:
+        c = self.cfg
+        if self.eagle3:
+            return {"soft_ce": c.lambda_soft_ce, "l1": 0.0}
+        return {"ce": c.lambda_ce, "l1": c.lambda_l1, "conf": c.lambda_conf}
 
 
 class Trainer:
@@ -220,22 +275,34 @@ class Trainer:
     def _batch(self, idx: list[int], slots: list[int]) -> Batch:
         d = self.data
         layer_ids = self.drafter.target_layer_ids
-        teach = d.teacher(idx, layer_ids)
+        teach = d.teacher_rows(idx, layer_ids)
         n = max(len(d.sequences[i]) for i in idx)
-        S, k = len(idx), d.top_k
+        S = len(idx)
         ids = torch.zeros(S, n, dtype=torch.long)
-        feats = torch.zeros(S, n, teach[0][0].shape[1])
-        top_ids = torch.zeros(S, n, k, dtype=torch.long)
-        top_logp = torch.full((S, n, k), -30.0)
+        feats = torch.zeros(S, n, teach[0].feats.shape[1])
+        full = d.teacher == "full"
+        if full:
+            last = torch.zeros(S, n, teach[0].last_hidden.shape[1])
+        else:
+            k = teach[0].top_ids.shape[1]
+            top_ids = torch.zeros(S, n, k, dtype=torch.long)
+            top_logp = torch.full((S, n, k), -30.0)
         anchors = torch.full((S, self.cfg.anchors_per_seq), -1, dtype=torch.long)
-        for r, (i, slot, (f, ti, tl)) in enumerate(zip(idx, slots, teach)):
+        for r, (i, slot, row) in enumerate(zip(idx, slots, teach)):
             L = len(d.sequences[i])
             ids[r, :L] = torch.tensor(d.sequences[i])
-            feats[r, :L], top_ids[r, :L], top_logp[r, :L] = f, ti, tl
+            feats[r, :L] = row.feats
+            if full:
+                last[r, :L] = row.last_hidden
+            else:
+                top_ids[r, :L], top_logp[r, :L] = row.top_ids, row.top_logp
             a = sample_anchors(self.cfg, self.step, slot, L, d.prompt_lens[i])
             anchors[r, : len(a)] = torch.tensor(a, dtype=torch.long)
-        return Batch(ids, torch.tensor([len(d.sequences[i]) for i in idx]),
-                     torch.tensor([d.prompt_lens[i] for i in idx]), feats, top_ids, top_logp, anchors)
+        lengths = torch.tensor([len(d.sequences[i]) for i in idx])
+        prompt_lens = torch.tensor([d.prompt_lens[i] for i in idx])
+        if full:
+            return Batch(ids, lengths, prompt_lens, feats, None, None, anchors, last_hidden=last)
+        return Batch(ids, lengths, prompt_lens, feats, top_ids, top_logp, anchors)
 
     # -- the loop ---------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
@@ -244,35 +311,43 @@ class Trainer:
         per_rank = G // self.world
         mine = list(range(self.rank * per_rank, (self.rank + 1) * per_rank))
         micro = per_rank // cfg.grad_accum
-        norm = float(G * cfg.anchors_per_seq)  # blocks (Eagle3: chains) in the global batch
         for g in self.opt.param_groups:
             g["lr"] = lr_at(cfg, self.step)
         self.opt.zero_grad(set_to_none=True)
-        totals: dict[str, Any] = {}
+        nums: dict[str, torch.Tensor] = {}
+        den = alpha_sum = count = 0
         for m in range(cfg.grad_accum):
             slots = mine[m * micro : (m + 1) * micro]
             batch = self._batch([glob[s] for s in slots], slots)
             sync = m == cfg.grad_accum - 1 or self.world == 1
             ctx = self.model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
             with ctx:
-                loss, stats = self.model(batch, norm)
-                (loss * self.world).backward()
-            for key, v in stats.items():
-                totals[key] = totals.get(key, 0) + v
-        # one flat tensor [loss terms…, α sums [γ], counts [γ]], summed over ranks in one all-reduce
-        names = [k for k in ("ce", "l1", "soft_ce", "conf") if k in totals]
-        flat = torch.cat([torch.stack([totals[k] for k in names]), totals["alpha_sum"], totals["count"]])
+                total, part, d, a_sum, cnt = self.model(batch)
+                total.backward()  # Σ λ·num; scaled by R / (global den + 1e-6) below
+            for key, v in part.items():
+                nums[key] = nums.get(key, 0) + v
+            den, alpha_sum, count = den + d, alpha_sum + a_sum, count + cnt
+        # one flat tensor [nums…, den, α sums [γ], counts [γ]], summed over ranks in one all-reduce
+        names = list(nums)
+        flat = torch.cat([torch.stack([nums[k] for k in names]), torch.as_tensor(den, dtype=torch.float32)[None],
+                          alpha_sum, count])
         if self.world > 1:
             import torch.distributed as dist
 
             dist.all_reduce(flat)
+        den_g = float(flat[len(names)])
+        scale = self.world / (den_g + DEN_EPS)  # DDP averaged the gradients over the R ranks
+        for prm in self.drafter.parameters():
+            if prm.grad is not None:
+                prm.grad.mul_(scale)
         gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), cfg.grad_clip) if cfg.grad_clip else None
         self.opt.step()
-        alpha_sum, count = flat[len(names):].split(self.drafter.gamma)
+        alpha_sum, count = flat[len(names) + 1 :].split(self.drafter.gamma)
         alpha = (alpha_sum / count.clamp_min(1)).tolist()
-        parts = {k: float(v) for k, v in zip(names, flat[: len(names)])}
-        rec = {"step": self.step, "loss": sum(parts.values()), **parts, "alpha": alpha,
-               "tau": analytic_tau(alpha), "lr": lr_at(cfg, self.step),
+        parts = {k: float(v) / (den_g + DEN_EPS) for k, v in zip(names, flat[: len(names)])}
+        lam = self.objective.lambdas()
+        rec = {"step": self.step, "loss": sum(lam.get(k, 0.0) * v for k, v in parts.items()), **parts,
+               "den": den_g, "alpha": alpha, "tau": analytic_tau(alpha), "lr": lr_at(cfg, self.step),
                "grad_norm": float(gnorm) if gnorm is not None else None}
         self.step += 1
         self.log.append(rec)
