@@ -158,9 +158,9 @@ def export_onnx(
     if opset < 17:
         raise ExportError(f"opset {opset} is too old: the graphs need opset 17 or newer")
     config = getattr(drafter, "config", None)
-    if config is None or config.kind not in ("dspark", "dflash", "eagle3"):
+    if config is None or config.kind not in ("dspark", "dflash", "eagle3", "eagle3-fused"):
         raise ExportError(
-            f"{type(drafter).__name__} is not a neural dspark drafter (dspark, dflash or eagle3)"
+            f"{type(drafter).__name__} is not a neural dspark drafter (dspark, dflash, eagle3 or eagle3-fused)"
         )
     if getattr(drafter, "_embed", None) is None or getattr(drafter, "_lm_head", None) is None:
         raise ExportError("the drafter is not bound to a target: load it with from_pretrained(path, target)")
@@ -187,8 +187,8 @@ def export_onnx(
         "vocab_size": config.vocab_size,
         "hidden_size": s.hidden_size,
         "target_layer_ids": list(config.target_layer_ids),
-        "feature_size": (3 if config.kind == "eagle3" else len(config.target_layer_ids)) * s.hidden_size,
-        "num_layers": 1 if config.kind == "eagle3" else config.num_layers,
+        "feature_size": len(config.target_layer_ids) * s.hidden_size,
+        "num_layers": 1 if config.kind in ("eagle3", "eagle3-fused") else config.num_layers,
         "num_kv_heads": s.num_kv_heads,
         "head_dim": s.head_dim,
         "head": config.head if getattr(drafter, "head", None) is not None else None,

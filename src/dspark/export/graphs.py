@@ -1,7 +1,8 @@
 """The exported graphs: thin ``nn.Module`` wrappers that take and return explicit tensors.
 
 Each wrapper reuses the drafter's own modules (draft layers, norms, heads), so the graph computes
-exactly what :class:`~dspark.drafters.neural.BlockDrafter` / :class:`Eagle3Drafter` compute; only
+exactly what :class:`~dspark.drafters.neural.BlockDrafter` / the Eagle3 drafters
+(:class:`~dspark.drafters.eagle3.Eagle3Drafter`, :class:`~dspark.drafters.neural.Eagle3FusedDrafter`) compute; only
 the per-request bookkeeping (context caches, padding, sampling) stays outside, in the runtime
 (:mod:`dspark.export.runtime`). The target's token embedding and LM head are *baked in* as
 initializers (the exported files are bound to that target; the manifest records their sha256).
@@ -21,8 +22,8 @@ DSpark / DFlash (``BlockDrafter``)
               (DSpark only)                                             → logits [batch, V]
                                                                           (+ confidence_logit [batch])
                                                                           (+ state_out [batch, r])
-Eagle3
-    fuse      features [new, 3d]                                         → fused [new, d]
+Eagle3 (both layouts; ``feats`` is h_t: the fused feature or the previous step's output)
+    fuse      features [new, F]                                          → fused [new, d]
     context   token_ids [new], feats [new, d], positions [new]            → ctx_k, ctx_v [1, H_kv, new, hd]
               (a causal layer's K/V of a position need no past: packed over requests like DSpark's)
     step      token_ids [batch, new], feats [batch, new, d], positions [batch, new],
@@ -147,10 +148,16 @@ class HeadStepGraph(nn.Module):
         return tuple(outs)
 
 
+def _reference_eagle3(drafter: Any) -> bool:
+    """The reference Eagle3 layout (``fc`` + :class:`~dspark.drafters.eagle3.Eagle3Layer`), not
+    eagle3-fused (``fuse`` + ``in_proj`` + a DraftLayer)."""
+    return hasattr(drafter, "fc")
+
+
 class Eagle3FuseGraph(nn.Module):
     def __init__(self, drafter: Any) -> None:
         super().__init__()
-        self.fuse = drafter.fuse
+        self.fuse = drafter.fc if _reference_eagle3(drafter) else drafter.fuse
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.fuse(features)  # [new, d]
@@ -166,11 +173,17 @@ class Eagle3ContextGraph(nn.Module):
 
     def __init__(self, drafter: Any) -> None:
         super().__init__()
-        self.in_proj, self.layer = drafter.in_proj, drafter.layer
+        self.reference = _reference_eagle3(drafter)
+        self.in_proj = None if self.reference else drafter.in_proj
+        self.layer = drafter.layer
         self.target = _TargetWeights(drafter)
 
     def forward(self, token_ids, feats, positions):  # [new], [new, d], [new]
-        x = self.in_proj(torch.cat([self.target.embed(token_ids), feats], dim=-1))[None]  # [1, new, d]
+        emb = self.target.embed(token_ids)  # [new, d]
+        if self.reference:
+            k, v = self.layer.kv(emb[None], feats[None], positions[None])  # [1, H_kv, new, hd]
+            return _hd(k), _hd(v)
+        x = self.in_proj(torch.cat([emb, feats], dim=-1))[None]  # [1, new, d]
         k, v = self.layer.context_kv(self.layer.input_norm(x), positions[None])  # [1, H_kv, new, hd]
         return _hd(k), _hd(v)
 
@@ -180,13 +193,18 @@ class Eagle3StepGraph(nn.Module):
 
     def __init__(self, drafter: Any) -> None:
         super().__init__()
-        self.in_proj, self.layer, self.norm = drafter.in_proj, drafter.layer, drafter.norm
+        self.reference = _reference_eagle3(drafter)
+        self.in_proj = None if self.reference else drafter.in_proj
+        self.layer, self.norm = drafter.layer, drafter.norm
         self.target = _TargetWeights(drafter)
 
     def forward(self, token_ids, feats, positions, ctx_k, ctx_v, ctx_mask):
         emb = self.target.embed(token_ids)  # [B, new, d]
-        x = self.in_proj(torch.cat([emb, feats], dim=-1))  # [B, new, d]
-        out, k, v = self.layer(x, positions, ctx_k[0], ctx_v[0], ctx_mask, causal=True, return_kv=True)
+        if self.reference:
+            out, k, v = self.layer(emb, feats, positions, ctx_k[0], ctx_v[0], ctx_mask)
+        else:
+            x = self.in_proj(torch.cat([emb, feats], dim=-1))  # [B, new, d]
+            out, k, v = self.layer(x, positions, ctx_k[0], ctx_v[0], ctx_mask, causal=True, return_kv=True)
         logits = self.target.logits(self.norm(out))  # [B, new, V]
         return out, _hd(k)[None], _hd(v)[None], logits  # k, v: [1, B, H_kv, new, hd]
 
@@ -226,14 +244,15 @@ def graph_specs(drafter: Any) -> list[GraphSpec]:
         return torch.randn(*shape, generator=gen)
 
     mask = torch.tensor([[True, True, False], [True, True, True]])  # [B, P]
-    if c.kind == "eagle3":
+    if c.kind in ("eagle3", "eagle3-fused"):
         step_inputs = ("token_ids", "feats", "positions", "ctx_k", "ctx_v", "ctx_mask")
         example = (torch.randint(0, V, (B, 1), generator=gen), randn(B, 1, d),
                    torch.tensor([[P], [P + 1]]), randn(1, B, Hkv, P, hd), randn(1, B, Hkv, P, hd), mask)
         return [
-            GraphSpec("fuse", "fuse the low/mid/high target features of new context positions",
+            GraphSpec("fuse", "fuse the captured target features of new context positions",
                       Eagle3FuseGraph(drafter), ("features",), ("fused",),
-                      {"features": {0: "new"}, "fused": {0: "new"}}, (randn(new, 3 * d),)),
+                      {"features": {0: "new"}, "fused": {0: "new"}},
+                      (randn(new, len(c.target_layer_ids) * d),)),
             GraphSpec("context", "K/V of new context positions (token + fused feature) for the cache",
                       Eagle3ContextGraph(drafter), ("token_ids", "feats", "positions"), ("ctx_k", "ctx_v"),
                       {"token_ids": {0: "new"}, "feats": {0: "new"}, "positions": {0: "new"},

@@ -3,7 +3,8 @@ drafters.
 
 The graphs compute; this module keeps what the PyTorch drafters keep in Python and does it the
 same way, so that outputs match :class:`~dspark.drafters.neural.BlockDrafter` /
-:class:`~dspark.drafters.neural.Eagle3Drafter` step for step:
+:class:`~dspark.drafters.eagle3.Eagle3Drafter` / :class:`~dspark.drafters.neural.Eagle3FusedDrafter`
+step for step:
 
 * per request, the context K/V of every draft layer (``[L, H_kv, capacity, hd]``, grown by
   doubling instead of concatenated every round);
@@ -137,7 +138,7 @@ class ExportedDrafter:
     @torch.inference_mode()
     def draft(self, context: DraftContext) -> DraftBlock:
         feats = self._new_features(context)
-        if self.kind == "eagle3":
+        if self.kind in ("eagle3", "eagle3-fused"):
             return self._draft_eagle3(context, feats)
         return self._draft_block(context, feats)
 
@@ -351,5 +352,5 @@ class ExportedDrafter:
 
 
 def require_kind(manifest: dict[str, Any]) -> None:
-    if manifest.get("kind") not in ("dspark", "dflash", "eagle3"):
+    if manifest.get("kind") not in ("dspark", "dflash", "eagle3", "eagle3-fused"):
         raise ExportError(f"manifest kind {manifest.get('kind')!r} is not an exported neural drafter")

@@ -84,7 +84,7 @@ class EngineProfile:
     def axes(self, kind: str, graph: str, gamma: int) -> dict[str, Range]:
         """Axis name → (min, opt, max) for one graph of a drafter kind."""
         one = (1, 1, 1)
-        if kind == "eagle3":
+        if kind in ("eagle3", "eagle3-fused"):
             step_past = (self.past[0], self.past[1] + gamma, self.past[2] + gamma)  # + the γ step slots
             return {"fuse": {"new": self.new},
                     "context": {"new": self.new},

@@ -12,8 +12,10 @@ the sequence's context K/V. Block position j predicts x_{a+j+1}, whose teacher i
 sequential head reads the true previous token x_{a+j} (teacher forcing), so all positions run in
 one tensor op.
 
-Eagle3 (training-time test): step 0 runs the layer causally over the sequence with inputs
-W_in[emb(x_{t+1}); f_t]; step k ≥ 1 feeds W_in[emb(x_{t+k+1}); out_{k−1,t}] at position t+k and
+Eagle3 (training-time test), both layouts (reference ``eagle3``: q/k/v read
+[norm(emb(x_{t+1})) ; norm(h_t)] with h_t = fc(f_t); ``eagle3-fused``: W_in[emb(x_{t+1}); f_t]): step 0
+runs the layer causally over the sequence with (x_{t+1}, f_t); step k ≥ 1 feeds (x_{t+k+1}, out_{k−1,t})
+at position t+k and
 attends to step-0 keys at positions ≤ t plus its own chain's keys of steps 1..k — exactly what
 inference sees when the anchor is x_{t+1}. Step k at t predicts x_{t+k+2}. Chains start at the
 same sampled anchors as the block drafters' blocks (t = a − 1), so every drafter kind is trained on
@@ -174,14 +176,12 @@ def eagle3_forward(drafter: Any, batch: Batch) -> Targets:
     """
     S, n = batch.ids.shape
     N, g, s = batch.anchors.shape[1], drafter.gamma, drafter.config.layer
-    layer = drafter.layer
     T = n - 1  # step-0 positions t = 0..n−2 (input x_{t+1}, feature f_t)
     t_all = torch.arange(T)
-    f = drafter.fuse(batch.feats[:, :T].to(drafter.fuse.weight.dtype))  # [S, T, d]
-    z = drafter._inputs(batch.ids[:, 1:], f)  # [S, T, d]
+    f = drafter._fuse(batch.feats[:, :T])  # [S, T, d]
     empty_k = f.new_zeros(S, s.num_kv_heads, 0, s.head_dim)
     causal = (t_all[None, :] <= t_all[:, None]).expand(S, T, T)  # [S, T, T]
-    out0, k0, v0 = layer(z, t_all[None].expand(S, T), empty_k, empty_k, None, return_kv=True, attn_mask=causal)
+    out0, k0, v0 = drafter._run(batch.ids[:, 1:], f, t_all[None].expand(S, T), empty_k, empty_k, None, attn_mask=causal)
     t = batch.anchors - 1  # [S, N] chain start
     has = t >= 0
     t0 = t.clamp(0, T - 1)
@@ -194,10 +194,9 @@ def eagle3_forward(drafter: Any, batch: Batch) -> Targets:
     for step in range(g):
         if step > 0:
             nxt_tok = batch.ids.gather(1, (t0 + step + 1).clamp(max=n - 1))  # x_{t+step+1} (teacher forcing)
-            z = drafter._inputs(nxt_tok, out)  # [S, N, d]
             mask = torch.cat([ctx_seen] + [eye] * step, dim=-1)  # [S, N, T + step·N]
-            out, k, v = layer(z, t0 + step, torch.cat(keys, 2), torch.cat(values, 2), None,
-                              return_kv=True, attn_mask=mask)
+            out, k, v = drafter._run(nxt_tok, out, t0 + step, torch.cat(keys, 2), torch.cat(values, 2), None,
+                                     attn_mask=mask)
             keys.append(k)
             values.append(v)
         h = drafter.norm(out)  # [S, N, d]

@@ -41,22 +41,51 @@ def _copy_layer(dst: Any, src: Any) -> None:
         d.weight.data.copy_(s.weight.data.to(d.weight.dtype))
 
 
+def _copy_eagle3_layer(dst: Any, src: Any) -> None:
+    """A target layer into a reference Eagle3 layer (:class:`dspark.drafters.eagle3.Eagle3Layer`).
+
+    Its q/k/v read [input_layernorm(emb) ; hidden_norm(h)] (2d wide): the target's q/k/v weights go
+    on the hidden half and zeros on the embedding half, and both norms start as the target's
+    input norm, so the layer starts as exactly the target's layer applied to h (the residual is
+    the un-normed h, as in the target); the embedding half starts silent and is learned.
+    """
+    att, mlp = src.self_attn, src.mlp
+    for name in ("q_proj", "k_proj", "v_proj"):
+        d, w = getattr(dst.self_attn, name).weight, getattr(att, name).weight
+        if d.shape != (w.shape[0], 2 * w.shape[1]):
+            raise ValueError(f"cannot copy a target layer: {name} {tuple(w.shape)} does not fit {tuple(d.shape)}")
+        d.data.copy_(torch.cat([torch.zeros_like(w), w], 1).to(d.dtype))
+    pairs = [(dst.self_attn.o_proj, att.o_proj), (dst.mlp.gate_proj, mlp.gate_proj), (dst.mlp.up_proj, mlp.up_proj),
+             (dst.mlp.down_proj, mlp.down_proj), (dst.input_layernorm, src.input_layernorm),
+             (dst.hidden_norm, src.input_layernorm), (dst.post_attention_layernorm, src.post_attention_layernorm)]
+    if hasattr(att, "q_norm"):
+        pairs += [(dst.self_attn.q_norm, att.q_norm), (dst.self_attn.k_norm, att.k_norm)]
+    for d, s in pairs:
+        if d.weight.shape != s.weight.shape:
+            raise ValueError(f"cannot copy a target layer: shape {tuple(s.weight.shape)} ≠ {tuple(d.weight.shape)}")
+        d.weight.data.copy_(s.weight.data.to(d.weight.dtype))
+
+
 @torch.no_grad()
 def init_from_target(drafter: Any, model: Any) -> None:
     """Copy the target's top layers into the draft layers (and its final norm), and set the fusion
-    to pass the highest captured layer through (identity block, zeros elsewhere)."""
+    to pass the highest captured layer through (identity block, zeros elsewhere). The reference
+    Eagle3 layer's 2d-wide q/k/v get the target's weights on the hidden half, zeros on the
+    embedding half (:func:`_copy_eagle3_layer`)."""
     inner = _decoder_layers(model)
     layers = list(inner.layers)
     d = drafter.config.layer.hidden_size
     m = len(drafter.target_layer_ids)
     draft_layers = list(drafter.layers) if hasattr(drafter, "layers") else [drafter.layer]
+    fc = drafter.fc if hasattr(drafter, "fc") else drafter.fuse  # reference Eagle3 calls its fusion ``fc``
+    copy = _copy_eagle3_layer if hasattr(drafter, "fc") else _copy_layer
     for i, dst in enumerate(draft_layers):
-        _copy_layer(dst, layers[len(layers) - len(draft_layers) + i])
+        copy(dst, layers[len(layers) - len(draft_layers) + i])
     drafter.norm.weight.data.copy_(inner.norm.weight.data.to(drafter.norm.weight.dtype))
     high = max(range(m), key=lambda i: drafter.target_layer_ids[i])
     w = torch.zeros(d, m * d)
     w[:, high * d : (high + 1) * d] = torch.eye(d)
-    drafter.fuse.weight.data.copy_(w.to(drafter.fuse.weight.dtype))
+    fc.weight.data.copy_(w.to(fc.weight.dtype))
     if hasattr(drafter, "fuse_norm"):
         drafter.fuse_norm.weight.data.copy_(draft_layers[0].input_norm.weight.data)
         if getattr(drafter, "mask_embedding", None) is not None:  # pre-reference learned mask

@@ -1,0 +1,202 @@
+"""dspark's Eagle3 drafter (kind ``eagle3``) against the reference implementations' own outputs.
+
+The fixtures (tests/fixtures/reference-drafters, made by DeepSpec and speculators; their README
+defines every tensor) are the oracle:
+
+* ``deepspec-eagle3``: DeepSpec's ``Qwen3Eagle3Model`` weights load into :class:`Eagle3Drafter`
+  by name (minus ``embed_tokens`` / ``lm_head``, bound from the target), and both recorded rounds
+  driven through the public ``draft`` API (round 2 on the cached context plus the committed
+  tokens' features) give the reference's step hidden states, step logits and greedy drafts;
+* ``speculators-eagle3``: the training-time-test forward (3 steps, teacher-forced) gives
+  speculators' per-step logits;
+* the legacy ``eagle3-fused`` layout still builds, drafts and trains.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import reference_fixtures as rf
+from dspark.drafters.config import DrafterConfig
+from dspark.drafters.eagle3 import Eagle3Drafter
+from dspark.drafters.neural import Eagle3FusedDrafter, build_drafter
+from dspark.protocols.drafter import DraftContext
+from dspark.training.forward import Batch, eagle3_forward
+from dspark.types import SamplingParams
+
+LOGIT_ATOL = 1e-5
+HIDDEN_RTOL, HIDDEN_ATOL = 1e-6, 2e-5  # Eagle3 hidden states reach ±175
+
+
+@pytest.fixture(scope="module")
+def model(one_thread):
+    return rf.target_model()
+
+
+def _reference_drafter(model, name: str, **overrides) -> Eagle3Drafter:
+    from safetensors.torch import load_file
+
+    cfg = json.loads((rf.folder(name) / "config.json").read_text())
+    # DeepSpec layer ids; speculators stores them + 1 (its aux states count the embedding output)
+    ids = cfg.get("target_layer_ids") or [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]
+    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3", layer_ids=ids, **overrides))
+    assert isinstance(d, Eagle3Drafter)
+    state = load_file(str(rf.folder(name) / "model.safetensors"))
+    embed, lm_head = state.pop("embed_tokens.weight"), state.pop("lm_head.weight")
+    # the checkpoint's copies are the target's own (frozen) embedding and LM head
+    assert torch.equal(embed, model.get_input_embeddings().weight)
+    assert torch.equal(lm_head, model.get_output_embeddings().weight)
+    d.load_state_dict(state, strict=True)  # DeepSpec key names, nothing missing or extra
+    return d.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight).eval()
+
+
+def test_parameter_names_are_deepspecs(model):
+    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3"))
+    assert d.config.target_layer_ids == (0, 1, 2, 3, 4)  # DeepSpec's 5 ids by default
+    from safetensors import safe_open
+
+    with safe_open(str(rf.folder("deepspec-eagle3") / "model.safetensors"), "pt") as f:
+        want = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    want.pop("embed_tokens.weight"), want.pop("lm_head.weight")
+    assert {k: tuple(v.shape) for k, v in d.state_dict().items()} == want
+
+
+def test_deepspec_eagle3_matches_reference_rounds(model):
+    t, meta = rf.cases("deepspec-eagle3")
+    d = _reference_drafter(model, "deepspec-eagle3")
+    new_features = {1: t["prefill/target_hidden_states"], 2: t["round_1/update/target_hidden_states"]}
+    for r in (1, 2):
+        ctx = DraftContext(["req"], [t[f"round_{r}/known_ids"]], [SamplingParams.greedy()],
+                           features={"hidden": [new_features[r]]})
+        blk = d.draft(ctx)
+        assert blk.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist() == meta["inference"]["rounds"][r - 1]["draft_tokens"]
+        torch.testing.assert_close(blk.hidden[0], t[f"round_{r}/step_hidden"], rtol=HIDDEN_RTOL, atol=HIDDEN_ATOL)
+        torch.testing.assert_close(blk.draft_logits[0], t[f"round_{r}/step_logits"], rtol=0, atol=LOGIT_ATOL)
+        first = t["prefill/draft_hidden"] if r == 1 else t["round_1/update/draft_hidden"]
+        torch.testing.assert_close(blk.hidden[0, 0], first, rtol=HIDDEN_RTOL, atol=HIDDEN_ATOL)
+        # the cache holds every committed (feature, next token) pair; the last feature waits
+        assert d._caches["req"].length == t[f"round_{r}/known_ids"].numel() - 2
+    d.release("req")
+    assert "req" not in d._caches and "req" not in d._pending
+
+
+def test_deepspec_eagle3_batched_with_a_fresh_request(model):
+    """Round 2 of the fixture request batched with a new request: padding changes nothing."""
+    t, _ = rf.cases("deepspec-eagle3")
+    d = _reference_drafter(model, "deepspec-eagle3")
+    g = SamplingParams.greedy()
+    d.draft(DraftContext(["a"], [t["round_1/known_ids"]], [g], features={"hidden": [t["prefill/target_hidden_states"]]}))
+    other = t["round_1/known_ids"][:7]
+    blk = d.draft(DraftContext(["a", "b"], [t["round_2/known_ids"], other], [g, g],
+                               features={"hidden": [t["round_1/update/target_hidden_states"],
+                                                    t["prefill/target_hidden_states"][:6]]}))
+    assert blk.tokens[0].tolist() == t["round_2/draft_tokens"].tolist()
+    torch.testing.assert_close(blk.draft_logits[0], t["round_2/step_logits"], rtol=0, atol=LOGIT_ATOL)
+    solo = _reference_drafter(model, "deepspec-eagle3").draft(
+        DraftContext(["b"], [other], [g], features={"hidden": [t["prefill/target_hidden_states"][:6]]}))
+    torch.testing.assert_close(blk.draft_logits[1], solo.draft_logits[0], rtol=0, atol=LOGIT_ATOL)
+
+
+def test_speculators_eagle3_training_forward_matches_ttt_logits(model):
+    """speculators' shift_batch layout: index i holds x_{i+1} and the feature of position i (its
+    RoPE positions start at 1, a constant shift RoPE cannot see). dspark's chains start at every
+    t = i (anchor x_{i+1}); step s at t predicts x_{i+2+s}, teacher-forced like speculators."""
+    t, meta = rf.cases("speculators-eagle3")
+    steps = meta["train"]["ttt_steps"]
+    d = _reference_drafter(model, "speculators-eagle3", gamma=steps)
+    ids = t["train/input_ids"]  # [27] = x_1 … x_27
+    n = ids.numel() + 1
+    seq = torch.cat([ids.new_zeros(1), ids])[None]  # [1, 28]; x_0 is never read
+    feats = torch.cat([t["train/hidden_states"], t["train/hidden_states"].new_zeros(1, 320)])[None]  # f_27 unused
+    batch = Batch(seq, torch.tensor([n]), torch.tensor([0]), feats, torch.zeros(1, n, 1, dtype=torch.long),
+                  torch.zeros(1, n, 1), torch.arange(1, n)[None])
+    with torch.no_grad():
+        out = eagle3_forward(d, batch)
+    assert out.logq.shape == (n - 1, steps, 128)
+    for s in range(steps):
+        rows = torch.arange(n - 1) + s <= n - 2  # speculators pads past the end with token 0
+        want = torch.log_softmax(t[f"train/ttt_step_{s}/logits"], -1)[rows]
+        torch.testing.assert_close(out.logq[:, s][rows], want, rtol=0, atol=1e-4)
+        assert torch.equal(out.logq[:, s][rows].argmax(-1), t[f"train/ttt_step_{s}/draft_tokens"][rows])
+
+
+def test_eagle3_needs_one_layer(model):
+    with pytest.raises(ValueError, match="exactly one draft layer"):
+        DrafterConfig.for_target(model.config, "eagle3", num_layers=2)
+
+
+def test_init_from_target_starts_as_the_targets_top_layer(model):
+    """Hidden half of q/k/v = the target's weights, embedding half zero: step 0 of the initialised
+    drafter is the target's last layer applied to the highest captured feature."""
+    from dspark.training.init import init_from_target
+
+    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3", layer_ids=[0, 2, 4]))
+    d.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+    init_from_target(d, model)
+    x = torch.randint(0, 127, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hs = model(x, output_hidden_states=True).hidden_states
+        f = d._fuse(torch.cat([hs[1], hs[3], hs[5]], -1)[0])[None]  # = hs[5]
+        pos = torch.arange(12)[None]
+        empty = f.new_zeros(1, 2, 0, 16)
+        out, _, _ = d._run(x, f, pos, empty, empty, None)
+        top = model.model.layers[-1](hs[5], position_embeddings=model.model.rotary_emb(hs[5], pos),
+                                     attention_mask=None, position_ids=pos)
+    top = top[0] if isinstance(top, tuple) else top
+    torch.testing.assert_close(out, top, rtol=1e-5, atol=1e-4)
+
+
+def test_legacy_eagle3_fused_still_builds_drafts_and_trains(model):
+    assert DrafterConfig.for_target(model.config, "eagle3-fused").target_layer_ids == (1, 2, 3)  # low/mid/high
+    cfg = DrafterConfig.for_target(model.config, "eagle3-fused", gamma=4, layer_ids=(0, 2, 4))
+    assert cfg.num_layers == 1
+    torch.manual_seed(0)
+    d = build_drafter(cfg)
+    assert isinstance(d, Eagle3FusedDrafter) and not isinstance(d, Eagle3Drafter)
+    assert {"fuse.weight", "in_proj.weight", "layer.q_proj.weight", "norm.weight"} <= set(d.state_dict())
+    d.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight).eval()
+    t, _ = rf.cases("deepspec-eagle3")
+    ids = t["round_1/known_ids"]  # prompt + anchor at position 20
+
+    def features(seq: torch.Tensor) -> torch.Tensor:  # [1, n] → [1, n, 3d] (layers 0, 2, 4)
+        with torch.no_grad():
+            hs = model(seq, output_hidden_states=True).hidden_states
+        return torch.cat([hs[1], hs[3], hs[5]], -1)
+
+    feats = features(ids[None, :-1])[0]  # context positions 0…19
+    blk = d.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
+    assert blk.tokens.shape == (1, 4) and blk.hidden is None
+    assert torch.isfinite(blk.draft_logits).all()
+    # the training forward still runs the fused layout, and agrees with inference on its chain
+    seq = torch.cat([ids, blk.tokens[0], ids.new_zeros(1)])[None]
+    n = seq.shape[1]
+    batch = Batch(seq, torch.tensor([n]), torch.tensor([0]), features(seq), torch.zeros(1, n, 1, dtype=torch.long),
+                  torch.zeros(1, n, 1), torch.tensor([[ids.numel() - 1]]))
+    with torch.no_grad():
+        out = eagle3_forward(d, batch)
+    torch.testing.assert_close(out.logq[0], torch.log_softmax(blk.draft_logits[0], -1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle3-fused"])
+def test_export_parity(model, kind, tmp_path):
+    """Both layouts export (fuse / context / step graphs) and the ONNX Runtime drafter matches
+    PyTorch: the reference weights for ``eagle3``, random ones for ``eagle3-fused``."""
+    pytest.importorskip("onnx", reason="export needs onnx: pip install 'dspark[onnx]'")
+    pytest.importorskip("onnxruntime", reason="export needs onnxruntime: pip install 'dspark[onnx]'")
+    from dspark.export import OrtDrafter, compare_drafters, export_onnx
+
+    if kind == "eagle3":
+        d = _reference_drafter(model, "deepspec-eagle3", gamma=4)
+    else:
+        torch.manual_seed(1)
+        d = build_drafter(DrafterConfig.for_target(model.config, kind, gamma=4, layer_ids=(0, 2, 4)))
+        d.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight).eval()
+    manifest = export_onnx(d, tmp_path, target_spec="fixture-target")
+    assert manifest["kind"] == kind and list(manifest["graphs"]) == ["fuse", "context", "step"]
+    assert manifest["feature_size"] == len(d.target_layer_ids) * 64 and manifest["num_layers"] == 1
+    report = compare_drafters(d, OrtDrafter.from_dir(tmp_path, threads=1))
+    assert report.max_abs_logits <= 1e-4
+    assert report.greedy_tokens_equal and report.sampled_tokens_equal
