@@ -200,3 +200,19 @@ def test_export_parity(model, kind, tmp_path):
     report = compare_drafters(d, OrtDrafter.from_dir(tmp_path, threads=1))
     assert report.max_abs_logits <= 1e-4
     assert report.greedy_tokens_equal and report.sampled_tokens_equal
+
+
+@pytest.mark.parametrize("name", ["deepspec-eagle3", "speculators-eagle3"])
+def test_checkpoint_folders_load_through_from_pretrained(model, name):
+    """The DeepSpec and speculators folders (same tensors) read by dspark's format reader give the
+    same drafter: both rounds reproduced."""
+    from dspark.drafters.checkpoint import from_pretrained
+
+    t, _ = rf.cases("deepspec-eagle3")
+    d = from_pretrained(rf.folder(name), rf.target())
+    assert isinstance(d, Eagle3Drafter) and d.config.target_layer_ids == (0, 1, 2, 3, 4)
+    for r, feats in ((1, t["prefill/target_hidden_states"]), (2, t["round_1/update/target_hidden_states"])):
+        blk = d.draft(DraftContext(["req"], [t[f"round_{r}/known_ids"]], [SamplingParams.greedy()],
+                                   features={"hidden": [feats]}))
+        assert blk.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist()
+        torch.testing.assert_close(blk.draft_logits[0], t[f"round_{r}/step_logits"], rtol=0, atol=LOGIT_ATOL)
