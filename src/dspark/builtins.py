@@ -18,7 +18,7 @@ def _neural(kind: str):
 
             checkpoint = locate(checkpoint)  # a folder, or a shipped drafter's name ("dspark-gated")
             drafter = from_pretrained(checkpoint, target)
-            if drafter.config.kind != kind:
+            if drafter.config.kind.split("-")[0] != kind.split("-")[0]:  # eagle3 also loads eagle3-fused
                 raise ValueError(f"{checkpoint} holds a {drafter.config.kind} drafter, not {kind}")
             return drafter
         if target is None:
@@ -33,7 +33,8 @@ def _neural(kind: str):
     factory.__doc__ = {
         "dspark": "DSpark: parallel backbone + sequential head + confidence head (target=, checkpoint=, config).",
         "dflash": "DFlash: the parallel backbone alone (target=, checkpoint=, config).",
-        "eagle3": "Eagle3: one autoregressive layer over fused low/mid/high target features.",
+        "eagle3": "Eagle3 (DeepSpec layout): one autoregressive layer over the fused target features.",
+        "eagle3-fused": "legacy: dspark's pre-reference Eagle3 layout (format_version 1 checkpoints).",
     }[kind]
     return factory
 
@@ -43,7 +44,7 @@ def register_drafters(register: Register) -> None:
     from dspark.drafters import NGramDrafter
 
     register("ngram", NGramDrafter)
-    for kind in ("dspark", "dflash", "eagle3"):
+    for kind in ("dspark", "dflash", "eagle3", "eagle3-fused"):
         register(kind, _neural(kind))
 
 

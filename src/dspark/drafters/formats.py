@@ -184,6 +184,8 @@ def _lacks(cfg: dict[str, Any]) -> dict[str, str]:
 def detect(path: str | Path) -> str:
     """The format of checkpoint folder ``path``: one of :data:`FORMATS`."""
     root = Path(path)
+    if not root.exists():
+        raise FormatError(f"checkpoint folder {root} does not exist")
     cfg = _read_json(root / CONFIG_NAME)
     lacks = _lacks(cfg)
     for fmt in FORMATS:

@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
     elif args.fp16 or args.bf16 or args.profile or args.batch or args.past or args.new:
         raise ExportError("--fp16/--bf16/--profile/--batch/--past/--new are TensorRT options: use them with --trt")
     prepare_out_dir(out)
-    n_graphs = 2 + (cfg.get("kind") == "eagle3" or cfg.get("head") is not None)
+    n_graphs = 2 + (cfg.get("kind") in ("eagle3", "eagle3-fused") or cfg.get("head") is not None)
     total = 2 + n_graphs + bool(args.validate) + (n_graphs + bool(args.validate) if args.trt else 0)
     progress = _Progress(total, enabled=not args.quiet)
     try:
