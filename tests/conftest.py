@@ -53,3 +53,17 @@ def greedy_decode(model, prompt: torch.Tensor, n: int) -> list[int]:
     out = model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
                          max_new_tokens=n, do_sample=False, pad_token_id=0)
     return out[0, prompt.numel():].tolist()
+
+
+def exact_two_token_probs(model, prompt: torch.Tensor, params):
+    """Exact joint law P(x1, x2) [V·V] (flat index x1·V + x2, float64 numpy) of the first two
+    tokens under plain target sampling of the HF ``model`` after ``prompt`` [n_prompt], with the
+    same temperature / top-k / top-p as the engine (``dspark.sampling.probs_for_requests``)."""
+    from dspark.sampling import probs_for_requests
+
+    with torch.no_grad():
+        p1 = probs_for_requests(model(prompt[None]).logits[:, -1], [params])[0]  # [V]
+        V = p1.numel()
+        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)  # [V, n_prompt + 1]
+        p2 = probs_for_requests(model(seqs).logits[:, -1], [params] * V)  # [V, V]
+    return (p1.double()[:, None] * p2.double()).reshape(-1).numpy()
