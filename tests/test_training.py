@@ -253,7 +253,7 @@ def test_training_forward_equals_inference(model, name):
                        features={"hidden": [f_prefix[:-1]]})
     blk = d.draft(ctx)
     s = prefix + blk.tokens[0].tolist() + [0]
-    f, _, ti, tl = teacher_forward(model, [s], d.target_layer_ids, 4, teacher="topk")[0]
+    f, _, ti, tl, _ = teacher_forward(model, [s], d.target_layer_ids, 4, teacher="topk")[0]
     a = len(prefix) - 1
     batch = Batch(torch.tensor([s]), torch.tensor([len(s)]), torch.tensor([3]), f[None], ti[None], tl[None],
                   torch.tensor([[a, 4]]))
@@ -303,6 +303,7 @@ def test_feature_cache_equals_online_teacher(model, tmp_path):
     cached = cache.get(3, [3, 1])
     torch.testing.assert_close(cached.feats, online.feats, atol=2e-3, rtol=2e-3)  # fp16 storage
     torch.testing.assert_close(cached.last_hidden, online.last_hidden, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(cached.last_lse, online.last_lse, atol=2e-3, rtol=2e-3)
     with torch.no_grad():  # the final-normed last state: the LM head of it is the target's logits
         logits = model(input_ids=torch.tensor([seqs[3]])).logits[0]
         torch.testing.assert_close(online.last_hidden @ model.lm_head.weight.T, logits, atol=1e-4, rtol=1e-4)
@@ -318,6 +319,31 @@ def test_feature_cache_equals_online_teacher(model, tmp_path):
     (tmp_path / "cache.json").write_text(json.dumps(meta))
     (tmp_path / "shard-00002.safetensors").unlink()
     assert len(build_feature_cache(model, seqs, tmp_path, [1, 3, 4], shard_size=2, progress=False)) == 5
+
+
+def test_full_teacher_with_a_reduced_vocabulary_reads_only_the_draft_rows(model):
+    """With the cached full-vocabulary normaliser the step multiplies only the V_d draft rows of
+    the LM head; the probabilities (and the mass outside the draft vocabulary) are the same."""
+    from dspark.training.forward import Batch, teacher_at
+
+    seqs, _ = tiny_data(3)
+    d = make(model, "dspark-gated", seqs)  # draft vocabulary of 32 (+ placeholder)
+    rows = teacher_forward(model, seqs[:2], d.target_layer_ids)
+    n = max(len(s) for s in seqs[:2])
+    last, lse = torch.zeros(2, n, 32), torch.zeros(2, n)
+    for r, row in enumerate(rows):
+        last[r, : len(row.feats)], lse[r, : len(row.feats)] = row.last_hidden, row.last_lse
+    ids = torch.zeros(2, n, dtype=torch.long)
+    pos = torch.tensor([[3, 5, 5, 9, 14], [2, 2, 4, 6, 8]])
+    common = (ids, torch.tensor([len(s) for s in seqs[:2]]), torch.tensor([3, 3]), torch.zeros(2, n, 1), None, None,
+              torch.zeros(2, 1, dtype=torch.long))
+    _, _, p_a, out_a = teacher_at(d, Batch(*common, last_hidden=last, last_lse=lse), pos)
+    _, _, p_b, out_b = teacher_at(d, Batch(*common, last_hidden=last), pos)
+    torch.testing.assert_close(p_a, p_b, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out_a, out_b, atol=1e-5, rtol=1e-5)
+    assert float(out_a.min()) > 0 and torch.equal(p_a[..., -1], torch.zeros(2, 5))  # placeholder slot
+    full = torch.softmax(rows[0].last_hidden @ model.lm_head.weight.T, -1)  # [n, V]
+    torch.testing.assert_close(p_a[0, 0, :-1], full[3, d.draft_ids[:-1]], atol=1e-6, rtol=1e-5)
 
 
 def test_topk_feature_cache_and_caches_written_before_the_teacher_was_recorded(model, tmp_path):

@@ -45,6 +45,7 @@ class Batch:
     anchors: torch.Tensor  # [S, N] anchor positions, −1 = none
     last_hidden: torch.Tensor | None = None  # [S, n, d] full teacher: target's final-normed last hidden state
     loss_mask: torch.Tensor | None = None  # [S, n] 1 = supervised label position; None: prompt_len ≤ t < length
+    last_lse: torch.Tensor | None = None  # [S, n] log Σ_v exp(W_lm z_t) over the full vocabulary (optional)
 
     def mask(self) -> torch.Tensor:
         """The loss mask [S, n] float (default: the response, prompt_lens ≤ t < lengths)."""
@@ -86,6 +87,9 @@ def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Ten
 
     Full (``batch.last_hidden`` set): p = softmax(W_lm z_pos) over the target vocabulary with the
     drafter's bound full LM head, read at the draft slots (placeholder slot 0), p_out the rest.
+    With a reduced draft vocabulary and the cached full-vocabulary normaliser ``batch.last_lse``,
+    only the V_d draft rows of W_lm are multiplied: p_slot = exp(W_lm[slot] z − lse), same values.
+    Each distinct position of a sequence is computed once (blocks overlap).
     Top-k (``batch.top_ids``): the k ids mapped to draft slots and their probabilities.
     """
     S, M = pos.shape
@@ -94,18 +98,24 @@ def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Ten
         W = drafter._lm_head_full  # [V, d]
         if W is None:
             raise RuntimeError("bind_target(embed, lm_head) must be called before training")
-        z = batch.last_hidden.gather(1, pos[..., None].expand(S, M, batch.last_hidden.shape[-1]))  # [S, M, d]
+        reduced = drafter.vocab_map is not None
+        W_d = drafter._lm_head if reduced else W  # [V_d, d]
         ps, outs = [], []
-        for r in range(S):  # one sequence at a time: the [M, V] fp32 logits are the peak memory
-            p_full = torch.softmax(z[r].to(W.dtype) @ W.T, dim=-1, dtype=torch.float32)  # [M, V]
-            if drafter.vocab_map is None:
-                ps.append(p_full)
-                outs.append(p_full.new_zeros(M))
+        for r in range(S):  # one sequence at a time: the [M', V] fp32 logits are the peak memory
+            u, inv = pos[r].unique(return_inverse=True)  # [M'] distinct positions
+            z = batch.last_hidden[r, u].to(W.dtype)  # [M', d]
+            if reduced and batch.last_lse is not None:
+                p_d = torch.exp((z @ W_d.T).float() - batch.last_lse[r, u].float()[:, None])  # [M', V_d]
             else:
-                p_d = p_full[:, drafter.draft_ids]  # [M, V_d]
+                p_full = torch.softmax(z @ W.T, dim=-1, dtype=torch.float32)  # [M', V]
+                p_d = p_full[:, drafter.draft_ids] if reduced else p_full
+            if reduced:
                 p_d[:, -1] = 0.0  # the placeholder slot scores nothing
-                ps.append(p_d)
-                outs.append((1.0 - p_d.sum(-1)).clamp_min(0.0))
+                out = (1.0 - p_d.sum(-1)).clamp_min(0.0)
+            else:
+                out = p_d.new_zeros(u.numel())
+            ps.append(p_d[inv])
+            outs.append(out[inv])
         return None, None, torch.stack(ps), torch.stack(outs)
     if batch.top_ids is None or batch.top_logp is None:
         raise ValueError("the batch has no teacher (neither last_hidden nor top_ids / top_logp)")

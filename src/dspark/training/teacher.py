@@ -10,7 +10,9 @@ For a token sequence x_0..x_{n−1} the teacher gives, at every position t:
     *final-normed* last hidden state z_t (HF ``hidden_states[-1]``; DeepSpec's
     ``target_last_hidden_states``). The training step turns it into the full-vocabulary
     p_t = softmax(W_lm z_t) with the target's LM head (``forward.teacher_at``): exact L1 / α, and
-    d numbers per position to store instead of V.
+    d numbers per position to store instead of V. With it ``last_lse`` [n], the full-vocabulary
+    log-normaliser log Σ_v exp(W_lm z_t), so that a step with a reduced draft vocabulary multiplies
+    only the V_d draft rows of W_lm (same probabilities).
   - ``teacher="topk"``: ``top_ids`` / ``top_logp`` [n, k] — the target's k most likely next
     tokens and their log-probabilities. The L1 / α computed from it are bounds (α biased low).
 
@@ -43,6 +45,14 @@ class TeacherRow(NamedTuple):
     last_hidden: torch.Tensor | None  # [n, d] fp32 (teacher "full")
     top_ids: torch.Tensor | None  # [n, k] int64 (teacher "topk")
     top_logp: torch.Tensor | None  # [n, k] fp32
+    last_lse: torch.Tensor | None = None  # [n] fp32 (teacher "full"): log Σ_v exp(W_lm z_t), full vocabulary
+
+
+@torch.no_grad()
+def _lse(model: Any, z: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """log Σ_v exp(W_lm z) → [n] fp32, in chunks of positions (the [chunk, V] logits are the peak)."""
+    W = model.get_output_embeddings().weight
+    return torch.cat([torch.logsumexp((c.to(W.dtype) @ W.T).float(), dim=-1) for c in z.split(chunk)])
 
 
 def _check_teacher(teacher: str, top_k: int | None) -> None:
@@ -55,11 +65,12 @@ def _check_teacher(teacher: str, top_k: int | None) -> None:
 @torch.inference_mode()
 def teacher_forward(
     model: Any, seqs: Sequence[Sequence[int]], layer_ids: Sequence[int], top_k: int | None = None,
-    *, teacher: str = "full",
+    *, teacher: str = "full", store_half: bool = False,
 ) -> list[TeacherRow]:
     """One padded forward of the target over ``seqs`` → one :class:`TeacherRow` per sequence:
     feats [n, m·d] and, for ``teacher="full"``, the final-normed last hidden state [n, d]; for
-    ``teacher="topk"``, the top-``top_k`` ids and log-probabilities [n, k]."""
+    ``teacher="topk"``, the top-``top_k`` ids and log-probabilities [n, k]. ``store_half``: the
+    hidden state will be stored in fp16, so its ``last_lse`` is computed from the rounded state."""
     _check_teacher(teacher, top_k)
     S = len(seqs)
     n_max = max(len(s) for s in seqs)
@@ -81,8 +92,12 @@ def teacher_forward(
     feats = torch.cat([hs[k + 1] for k in layer_ids], dim=-1).float()  # [S, n, m·d]
     if teacher == "full":
         last = hs[-1].float()  # [S, n, d] after the final norm (= the backbone's last_hidden_state)
-        return [TeacherRow(feats[i, : len(s)].clone(), last[i, : len(s)].clone(), None, None)
-                for i, s in enumerate(seqs)]
+        rows = []
+        for i, s in enumerate(seqs):
+            z = last[i, : len(s)].clone()
+            z_stored = z.half().float() if store_half else z  # the normaliser of what the step will read
+            rows.append(TeacherRow(feats[i, : len(s)].clone(), z, None, None, _lse(model, z_stored)))
+        return rows
     logp = torch.log_softmax(out.logits.float(), dim=-1)  # [S, n, V]
     top_logp, top_ids = logp.topk(top_k, dim=-1)  # [S, n, k]
     return [TeacherRow(feats[i, : len(s)].clone(), None, top_ids[i, : len(s)].clone(), top_logp[i, : len(s)].clone())
@@ -113,13 +128,15 @@ class FeatureCache:
                 t = load_file(str(path))
             except Exception as exc:
                 raise ValueError(f"feature cache shard {path} is unreadable ({exc}); delete it and rebuild") from None
+            has_lse = "last_lse" in t  # absent: the step normalises over the full vocabulary itself
             missing = [k for k in keys if k not in t]
             if missing:
                 raise ValueError(f"feature cache shard {path} lacks {missing} for a {self.teacher!r} teacher; "
                                  "delete the cache and rebuild")
             off = t["offsets"].tolist()
             for a, b in zip(off[:-1], off[1:]):
-                self._rows.append((t["feats"][a:b], *(t[k][a:b] for k in keys)))
+                self._rows.append((t["feats"][a:b], *(t[k][a:b] for k in keys),
+                                   t["last_lse"][a:b] if has_lse else None))
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -135,7 +152,7 @@ class FeatureCache:
         cols = [feats[:, self.layer_ids.index(k) * d : (self.layer_ids.index(k) + 1) * d] for k in layer_ids]
         f = torch.cat(cols, dim=1).float()
         if self.teacher == "full":
-            return TeacherRow(f, rest[0].float(), None, None)
+            return TeacherRow(f, rest[0].float(), None, None, None if rest[1] is None else rest[1].float())
         return TeacherRow(f, None, rest[0].long(), rest[1].float())
 
 
@@ -182,13 +199,15 @@ def build_feature_cache(
             rows: dict[int, TeacherRow] = {}
             for b in range(0, len(order), batch_size):
                 idx = order[b : b + batch_size]
-                for i, r in zip(idx, teacher_forward(model, [seqs[i] for i in idx], layer_ids, top_k, teacher=teacher)):
+                for i, r in zip(idx, teacher_forward(model, [seqs[i] for i in idx], layer_ids, top_k, teacher=teacher,
+                                                     store_half=True)):
                     rows[i] = r
                 bar.update(len(idx))
             tensors = {"feats": torch.cat([rows[i].feats for i in chunk]).half().contiguous(),
                        "offsets": torch.tensor([0] + [len(seqs[i]) for i in chunk]).cumsum(0)}
             if teacher == "full":
                 tensors["last_hidden"] = torch.cat([rows[i].last_hidden for i in chunk]).half().contiguous()
+                tensors["last_lse"] = torch.cat([rows[i].last_lse for i in chunk]).float().contiguous()
             else:
                 tensors["top_ids"] = torch.cat([rows[i].top_ids for i in chunk]).int().contiguous()
                 tensors["top_logp"] = torch.cat([rows[i].top_logp for i in chunk]).half().contiguous()

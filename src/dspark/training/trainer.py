@@ -82,6 +82,7 @@ class TrainConfig:
         1.0·confidence BCE; DFlash 1.0·CE; Eagle3 full-vocabulary soft CE, steps weighted 0.8^k."""
         losses = {"dspark": {}, "dflash": {"lambda_ce": 1.0, "lambda_l1": 0.0, "lambda_conf": 0.0},
                   "eagle3": {"lambda_ce": 0.0, "lambda_l1": 0.0, "lambda_conf": 0.0, "lambda_soft_ce": 1.0}}
+        losses["eagle3-fused"] = losses["eagle3"]
         if kind not in losses:
             raise ValueError(f"unknown drafter kind {kind!r}")
         return cls(**{**losses[kind], **overrides})
@@ -185,7 +186,7 @@ class _Objective(torch.nn.Module):
         super().__init__()
         self.drafter = drafter
         self.cfg = cfg
-        self.eagle3 = drafter.config.kind == "eagle3"
+        self.eagle3 = drafter.config.kind.startswith("eagle3")  # "eagle3" and the legacy "eagle3-fused"
         self.fwd = eagle3_forward if self.eagle3 else block_forward
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor,
@@ -283,6 +284,8 @@ class Trainer:
         full = d.teacher == "full"
         if full:
             last = torch.zeros(S, n, teach[0].last_hidden.shape[1])
+            with_lse = all(row.last_lse is not None for row in teach)
+            lse = torch.zeros(S, n)
         else:
             k = teach[0].top_ids.shape[1]
             top_ids = torch.zeros(S, n, k, dtype=torch.long)
@@ -294,6 +297,8 @@ class Trainer:
             feats[r, :L] = row.feats
             if full:
                 last[r, :L] = row.last_hidden
+                if with_lse:
+                    lse[r, :L] = row.last_lse
             else:
                 top_ids[r, :L], top_logp[r, :L] = row.top_ids, row.top_logp
             a = sample_anchors(self.cfg, self.step, slot, L, d.prompt_lens[i])
@@ -301,7 +306,8 @@ class Trainer:
         lengths = torch.tensor([len(d.sequences[i]) for i in idx])
         prompt_lens = torch.tensor([d.prompt_lens[i] for i in idx])
         if full:
-            return Batch(ids, lengths, prompt_lens, feats, None, None, anchors, last_hidden=last)
+            return Batch(ids, lengths, prompt_lens, feats, None, None, anchors, last_hidden=last,
+                         last_lse=lse if with_lse else None)
         return Batch(ids, lengths, prompt_lens, feats, top_ids, top_logp, anchors)
 
     # -- the loop ---------------------------------------------------------------------------
