@@ -288,8 +288,8 @@ def test_resume_refuses_a_corrupt_or_foreign_state(model, tmp_path):
     cfg = TrainConfig.for_kind("dflash", steps=2, seqs_per_step=2, anchors_per_seq=2)
     Trainer(make(model, "dflash", seqs), data, cfg, tmp_path, progress=False).fit()
     with pytest.raises(ValueError, match="another drafter config"):
-        Trainer(make(model, "eagle3", seqs), data, TrainConfig.for_kind("eagle3", steps=2), tmp_path,
-                progress=False).resume()
+        Trainer(make(model, "eagle3", seqs), TrainData(seqs, pls, model=model, teacher="topk", top_k=8),
+                TrainConfig.for_kind("eagle3", steps=2), tmp_path, progress=False).resume()
     (tmp_path / "state.pt").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="corrupt"):
         Trainer(make(model, "dflash", seqs), data, cfg, tmp_path, progress=False).resume()
