@@ -9,8 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_fixtures import DEEPSPEC_BLOCK, cases, folder, target_model
-
 from dspark.drafters.config import DrafterConfig, TargetInfo
 from dspark.drafters.layers import LayerShape
 from dspark.drafters.neural import build_drafter
@@ -27,6 +25,7 @@ from dspark.training.losses import (
     normalise,
 )
 from dspark.training.trainer import TrainConfig, anchor_candidates, sample_anchors
+from reference_fixtures import DEEPSPEC_BLOCK, cases, folder, target_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
