@@ -223,10 +223,7 @@ def test_training_raises_the_overlap(model, name, tmp_path):
     d = make(model, name, seqs)
     cfg = TrainConfig.for_kind(DRAFTERS[name][0], steps=40, seqs_per_step=4, anchors_per_seq=6, lr=3e-3,
                                checkpoint_every=1000)
-    # Eagle3 keeps the top-k teacher until its training forward reads the teacher through
-    # forward.teacher_at (owned by the Eagle3 rewrite); the block drafters train on the full one
-    teacher = "topk" if name == "eagle3" else "full"
-    log = Trainer(d, TrainData(seqs, pls, model=model, teacher=teacher, top_k=8), cfg, tmp_path, progress=False).fit()
+    log = Trainer(d, TrainData(seqs, pls, model=model, teacher="full"), cfg, tmp_path, progress=False).fit()
     first = sum(r["tau"] for r in log[:5]) / 5
     last = sum(r["tau"] for r in log[-5:]) / 5
     assert last > first + 0.02, (first, last)

@@ -200,7 +200,7 @@ def eagle3_forward(drafter: Any, batch: Batch) -> Targets:
     ctx_seen = t_all[None, None, :] <= t0[..., None]  # [S, N, T] step-0 keys a chain may see
     eye = torch.eye(N, dtype=torch.bool).expand(S, N, N)
     keys, values = [k0], [v0]
-    logqs, labels, p_ids, p_logp, valids = [], [], [], [], []
+    logqs, labels, tea_pos_all, valids = [], [], [], []
     for step in range(g):
         if step > 0:
             nxt_tok = batch.ids.gather(1, (t0 + step + 1).clamp(max=n - 1))  # x_{t+step+1} (teacher forcing)
@@ -214,14 +214,16 @@ def eagle3_forward(drafter: Any, batch: Batch) -> Targets:
         lab_pos = (t0 + step + 2).clamp(max=n - 1)  # x_{t+step+2}
         tea_pos = (t0 + step + 1).clamp(max=n - 1)  # p at t+step+1
         labels.append(batch.ids.gather(1, lab_pos))
-        kk = batch.top_ids.shape[-1]
-        p_ids.append(batch.top_ids.gather(1, tea_pos[..., None].expand(S, N, kk)))
-        p_logp.append(batch.top_logp.gather(1, tea_pos[..., None].expand(S, N, kk)))
+        tea_pos_all.append(tea_pos)
         valids.append(has & (t0 + step + 2 < batch.lengths[:, None]))
     V = logqs[0].shape[-1]
     logq = torch.stack(logqs, 2).reshape(S * N, g, V)
     label = _slots(drafter, torch.stack(labels, 2).reshape(S * N, g))
-    ids = torch.stack(p_ids, 2).reshape(S * N, g, -1)
-    p_top = torch.stack(p_logp, 2).reshape(S * N, g, -1).exp()
     valid = torch.stack(valids, 2).reshape(S * N, g)
-    return Targets(logq, label, _slots(drafter, ids), p_top, valid, None)
+    # the teacher (full vocabulary or top-k) at t+step+1 for every chain and step: [S, N·γ]
+    p_slots, p_top, p, p_out = teacher_at(drafter, batch, torch.stack(tea_pos_all, 2).reshape(S, N * g))
+
+    def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.reshape(S * N, g, *x.shape[2:])
+
+    return Targets(logq, label, rows(p_slots), rows(p_top), valid, None, p=rows(p), p_out=rows(p_out))

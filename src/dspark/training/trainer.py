@@ -229,9 +229,6 @@ class Trainer:
         self.out = Path(out_dir)
         self.rank, self.world, self.progress = rank, world, progress and rank == 0
         self.objective = _Objective(drafter, cfg)
-        if self.objective.eagle3 and data.teacher == "full" and "teacher_at" not in eagle3_forward.__code__.co_names:
-            # the Eagle3 training forward still gathers batch.top_ids itself (forward.teacher_at serves both forms)
-            raise ValueError("Eagle3's training forward reads only the top-k teacher for now; use --teacher topk")
         self.model: Any = self.objective
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
