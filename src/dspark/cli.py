@@ -226,6 +226,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features", default="cache", choices=["cache", "online"],
                    help="teacher features from an on-disk cache (built on first use) or online")
     p.add_argument("--feature-cache", help="cache folder (default DATA/features-full, or DATA/features for --teacher topk)")
+    p.add_argument("--teacher-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="precision of the target's forward that builds the feature cache")
     p.add_argument("--teacher", default="full", choices=["full", "topk"],
                    help="full: the target's full-vocabulary distribution (the reference; the step applies the "
                         "LM head to the cached final hidden state); topk: only its --top-k most likely tokens "
