@@ -64,9 +64,39 @@ SCHEDULERS = {
 
 def gate_for(sched):
     return DraftGate(min_backoff=1, max_backoff=2) if sched.endswith("+gate") else None
+# A flat "packed" profile: drafting always pays, so sps-greedy verifies every draft with a non-negligible
+# survival even for the 1500-request χ² batches. (Under "padded" accounting the first admitted draft
+# doubles B from R to 2R; with the old padded profile and 1500 identical requests that cliff made
+# sps-greedy verify nothing at all, so its χ² cases silently tested plain sampling.)
+# The step time is absurdly short (0.1 ms) on purpose: before any plain round is measured the draft
+# gate compares the measured drafted rounds with this estimate, so its first decision (once it has
+# min_evidence request-rounds) is surely a skip and the "+gate" runs really mix drafted and plain
+# rounds; later decisions read wall-clock rates (either way the output must not change).
 FLAT = dspark.get_cost_model("sps-table", profile={
-    "device": "test", "model": "tiny", "dtype": "float32", "date": "2026-11-29", "accounting": "padded",
-    "points": [{"batch_size": 1, "step_seconds": 0.01}, {"batch_size": 512, "step_seconds": 0.011}]})
+    "device": "test", "model": "tiny", "dtype": "float32", "date": "2026-11-30", "accounting": "packed",
+    "points": [{"batch_size": 1, "step_seconds": 1e-4}, {"batch_size": 65536, "step_seconds": 1.01e-4}]})
+
+
+def record_rounds(engine: Engine) -> list:
+    """Collect ``engine.last_round`` (RoundInfo) after every step."""
+    rounds, step = [], engine.step
+
+    def recorded():
+        out = step()
+        if engine.last_round is not None:
+            rounds.append(engine.last_round)
+        return out
+
+    engine.step = recorded
+    return rounds
+
+
+def assert_verified(infos, label: str, gate: bool) -> None:
+    """Drafts were really verified (not a silent fallback to plain decoding); with the draft gate
+    some rounds were also skipped."""
+    assert any(i.drafted and sum(i.lengths) > 0 for i in infos), f"{label}: no draft was verified"
+    if gate:
+        assert any(not i.drafted for i in infos), f"{label}: the draft gate never skipped a round"
 
 
 PROMPTS = [[3, 5, 7, 3, 5, 7, 3, 5], [1], [2, 9, 4, 4, 11, 2, 9, 4, 4, 11, 2, 9, 13, 6, 1, 2, 9, 4]]
@@ -79,6 +109,7 @@ def test_greedy_batch_identical_to_target_decode(model, dname, sched):
     name, cfg = SCHEDULERS[sched]
     engine = Engine(target, drafter_for(target, dname), scheduler=dspark.get_scheduler(name, **cfg), cost_model=FLAT,
                     draft_gate=gate_for(sched))
+    infos = record_rounds(engine)
     prompts = [torch.tensor(p) for p in PROMPTS]
     n = 20
     rids, done = run_with_late_join(engine, prompts, n)
@@ -86,6 +117,8 @@ def test_greedy_batch_identical_to_target_decode(model, dname, sched):
         assert done[rid].output_ids == greedy_decode(model, p, n), f"{dname}/{sched}: request {rid} diverged"
         assert done[rid].finish_reason == "length"
     assert list(target.request_ids) == []  # finished requests released their KV caches
+    assert_verified(infos, f"{dname}/{sched}", gate=sched.endswith("+gate"))
+    assert sum(sum(done[r].rounds.verified) for r in rids) > 0
 
 
 def test_drafts_are_accepted_somewhere():
@@ -110,23 +143,37 @@ def _exact_two_token(model, prompt, params):
     return (p1[:, None] * p2).reshape(-1).numpy()
 
 
-SAMPLING = {"T1": SamplingParams(temperature=1.0), "T0.7-topp0.9": SamplingParams(temperature=0.7, top_p=0.9),
+# Top-p 0.95 at T = 1 (not tighter): on this peaked tiny model top-p 0.9 at T = 0.7 keeps only 2–3
+# tokens, and random drafters' truncated q then rarely overlaps p, so some cases accepted nothing.
+SAMPLING = {"T1": SamplingParams(temperature=1.0), "T1-topp0.95": SamplingParams(temperature=1.0, top_p=0.95),
             "T1.3-topk8": SamplingParams(temperature=1.3, top_k=8)}
+# A repeating prompt whose n-gram proposal (11) is likely under the target in every setting
+# (p ≈ 0.5): with the old prompt the n-gram draft had p ≈ 0.002 (0 under top-k / top-p), so the
+# n-gram cases never accepted a draft. Every drafter × setting gets drafts accepted with it.
+CHI2_PROMPT = [7, 13, 11, 7, 13, 11, 7, 13]
 
 
 @pytest.mark.parametrize("pname", sorted(SAMPLING))
 @pytest.mark.parametrize("sched", sorted(SCHEDULERS))
 @pytest.mark.parametrize("dname", DRAFTERS)
 def test_sampling_matches_target_distribution(dname, sched, pname):
-    """Joint law of the first two sampled tokens = plain target sampling (χ², fixed seeds)."""
+    """Joint law of the first two sampled tokens = plain target sampling (χ², fixed seeds).
+
+    max_new_tokens = 3 leaves room for two drafts in the first round, so both tested tokens can
+    come from accepted drafts. Every case must verify drafts and accept some (else it would only
+    test plain sampling). The "+gate" cases: the first round drafts and verifies, then the gate
+    (FLAT's tiny plain-step estimate) skips the next rounds, so the remaining tokens of the same
+    requests come from plain rounds (the γ = 0 sampling path) after a speculative one; the drafter's
+    catch-up after skipped rounds is covered by the greedy battery's longer decodes."""
     model = tiny_model("llama")
     target = HFTarget(model)
     name, cfg = SCHEDULERS[sched]
     engine = Engine(target, drafter_for(target, dname), scheduler=dspark.get_scheduler(name, **cfg),
                     cost_model=FLAT, seed=11, draft_gate=gate_for(sched))
-    prompt = torch.tensor([3, 5, 7, 3, 5, 7])
+    infos = record_rounds(engine)
+    prompt = torch.tensor(CHI2_PROMPT)
     N, params = 1500, SAMPLING[pname]
-    out = engine.generate([prompt] * N, params, max_new_tokens=2, progress=False)
+    out = engine.generate([prompt] * N, params, max_new_tokens=3, progress=False)
     codes = np.array([c.output_ids[0] * V + c.output_ids[1] for c in out])
     observed = np.bincount(codes, minlength=V * V).astype(float)
     expected = _exact_two_token(model, prompt, params).astype(np.float64) * N
@@ -134,7 +181,13 @@ def test_sampling_matches_target_distribution(dname, sched, pname):
     obs = np.append(observed[big], observed[~big].sum())
     exp = np.append(expected[big], expected[~big].sum())
     exp *= obs.sum() / exp.sum()
-    assert stats.chisquare(obs, exp).pvalue > 1e-3
+    label = f"{dname}/{sched}/{pname}"
+    pvalue = stats.chisquare(obs, exp).pvalue
+    assert pvalue > 1e-3, f"{label}: χ² p = {pvalue:.2e}"
+    assert_verified(infos, label, gate=sched.endswith("+gate"))
+    verified = sum(sum(c.rounds.verified) for c in out)
+    accepted = sum(c.metrics["accepted"] for c in out)
+    assert verified > 0 and accepted > 0, f"{label}: verified {verified}, accepted {accepted}"
 
 
 def test_stop_tokens_and_context_limit(model):
