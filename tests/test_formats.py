@@ -194,3 +194,15 @@ def test_zlab_dflash_drafts_from_the_mask_slots_only(tmp_path, target):
     assert spec["sample_from_anchor"] is False and spec["block_size"] == 8
     with pytest.raises(CheckpointError, match="z-lab"):
         formats.convert(tmp_path / "zlab", "deepspec", tmp_path / "ds")
+
+
+@pytest.mark.parametrize("name", ["deepspec-dspark-gated", "speculators-dflash", "deepspec-eagle3"])
+def test_export_reads_reference_checkpoints(name, tmp_path, capsys):
+    """`python -m dspark.export` takes a reference folder like any other and validates against it."""
+    from dspark.export.cli import main as export_main
+
+    rc = export_main([str(rf.folder(name)), "--onnx", str(tmp_path / "onnx"), "--target", str(rf.ROOT / "target"),
+                      "--validate", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "greedy drafts identical" in out and "— ok" in out
