@@ -206,3 +206,13 @@ def test_export_reads_reference_checkpoints(name, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "greedy drafts identical" in out and "— ok" in out
+
+
+def test_unknown_verifier_layer_count_is_not_guessed(tmp_path, target):
+    """A speculators folder whose verifier config is not at hand does not record num_target_layers:
+    writing DeepSpec (which needs it) is refused unless the target is given."""
+    shutil.copytree(rf.folder("speculators-dspark"), tmp_path / "spec")  # no sibling 'target' folder here
+    with pytest.raises(CheckpointError, match="num_target_layers"):
+        formats.convert(tmp_path / "spec", "deepspec", tmp_path / "out")
+    out = formats.convert(tmp_path / "spec", "deepspec", tmp_path / "out", target=target)
+    assert json.loads((out / "config.json").read_text())["num_target_layers"] == 6

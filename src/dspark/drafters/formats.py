@@ -113,6 +113,9 @@ class Portable:
     verifier_architectures: tuple[str, ...] = field(default=(), converter=tuple)
     max_positions: int | None = None
     source_format: str = "dspark"
+    # False when the source does not record the verifier's layer count (speculators without the
+    # verifier's config at hand): config.target.num_layers is then only a lower bound
+    verifier_layers_known: bool = True
 
 
 def _shape_fields(cfg: dict[str, Any], where: Path) -> LayerShape:
@@ -292,7 +295,8 @@ def _read_speculators(root: Path) -> Portable:
     _need(cfg, where, "speculators", ids_field)
     ids = _check_ids([i - 1 for i in cfg[ids_field]], where, ids_field)
     name = verifier.get("name_or_path") or "unknown"
-    n_target = _verifier_layers(name, root) or max(ids) + 2  # refined against the target when loading
+    n_known = _verifier_layers(name, root)
+    n_target = n_known or max(ids) + 2  # a lower bound; replaced by the target's own count when loading
     target = TargetInfo(str(name), layer["vocab_size"], layer["hidden_size"], n_target)
     weights = _weights(root)
     draft_vocab = cfg.get("draft_vocab_size") or layer["vocab_size"]
@@ -313,7 +317,7 @@ def _read_speculators(root: Path) -> Portable:
         gamma = int(cfg["block_size"]) - (0 if sfa else 1)
         config = _block_config(kind, {**layer, **cfg}, shape, ids, target, gamma, sfa, where)
     return Portable(config, weights, str(name), tuple(verifier.get("architectures") or ()),
-                    layer.get("max_position_embeddings"), "speculators")
+                    layer.get("max_position_embeddings"), "speculators", n_known is not None)
 
 
 def _read_zlab(root: Path) -> Portable:
@@ -325,13 +329,15 @@ def _read_zlab(root: Path) -> Portable:
           "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
     shape = _shape_fields(cfg, where)
     ids = _check_ids(list(merged["target_layer_ids"]), where, "target_layer_ids")
-    n_target = cfg.get("num_target_layers") or max(ids) + 2
+    n_known = cfg.get("num_target_layers")
+    n_target = n_known or max(ids) + 2  # a lower bound when unrecorded
     target = TargetInfo(cfg.get("target_name", "unknown"), cfg["vocab_size"], cfg["hidden_size"], int(n_target))
     # z-lab drafts from the mask slots only: a block of B gives B − 1 drafts.
     config = _block_config("dflash", {**cfg, "markov_rank": 0, "mask_token_id": merged["mask_token_id"]}, shape,
                            ids, target, int(merged["block_size"]) - 1, False, where)
     weights = {k.removeprefix("model."): v for k, v in _weights(root).items()}
-    return Portable(config, weights, target.name, (), cfg.get("max_position_embeddings"), "zlab-dflash")
+    return Portable(config, weights, target.name, (), cfg.get("max_position_embeddings"), "zlab-dflash",
+                    n_known is not None)
 
 
 def _read_dspark(root: Path) -> Portable:
@@ -452,6 +458,8 @@ def _refuse_unrepresentable(p: Portable, fmt: str) -> None:
         reasons.append(f"vLLM serves only the vanilla head, so a {c.head} head goes to the deepspec format only")
     if fmt == "deepspec" and not c.sample_from_anchor:
         reasons.append("it is a z-lab DFlash (drafts from the mask slots only), which DeepSpec's DFlash cannot express")
+    if fmt == "deepspec" and not p.verifier_layers_known:
+        reasons.append("the source does not record the verifier's layer count (num_target_layers); pass the target")
     if fmt == "deepspec" and c.kind == "eagle3" and len(c.target_layer_ids) != 5:
         reasons.append("DeepSpec's Eagle3 needs exactly five target layers")
     missing = [k for k in TARGET_KEYS if k not in p.weights]
@@ -578,5 +586,5 @@ def convert(src: str | Path, to: str, out: str | Path, *, target: Any = None, ov
         drafter = build(p, target)
         p = portable_from_drafter(drafter, target)
     elif target is not None:
-        _check_verifier(p, target)
+        p = evolve(p, config=_check_verifier(p, target), verifier_layers_known=True)
     return write(p, to, out, overwrite=overwrite)
