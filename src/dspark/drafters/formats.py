@@ -30,7 +30,13 @@ from typing import Any
 import torch
 from attrs import evolve, field, frozen
 
-from dspark.drafters.checkpoint import CheckpointError, _bind, _load_state, _read_weights, _target_info
+from dspark.drafters.checkpoint import (
+    CheckpointError,
+    _bind,
+    _load_state,
+    _read_weights,
+    _target_info,
+)
 from dspark.drafters.config import FORMAT_VERSION, DrafterConfig, TargetInfo
 from dspark.drafters.layers import LayerShape
 
