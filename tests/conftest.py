@@ -67,3 +67,17 @@ def exact_two_token_probs(model, prompt: torch.Tensor, params):
         seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)  # [V, n_prompt + 1]
         p2 = probs_for_requests(model(seqs).logits[:, -1], [params] * V)  # [V, V]
     return (p1.double()[:, None] * p2.double()).reshape(-1).numpy()
+
+
+def record_rounds(engine) -> list:
+    """Collect ``engine.last_round`` (RoundInfo) after every step of ``engine``."""
+    rounds, step = [], engine.step
+
+    def recorded():
+        out = step()
+        if engine.last_round is not None:
+            rounds.append(engine.last_round)
+        return out
+
+    engine.step = recorded
+    return rounds

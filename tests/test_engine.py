@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 
 import dspark
-from conftest import greedy_decode, run_with_late_join, tiny_causal_lm
+from conftest import greedy_decode, record_rounds, run_with_late_join, tiny_causal_lm
 from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.targets import HFTarget
@@ -75,20 +75,6 @@ def gate_for(sched):
 FLAT = dspark.get_cost_model("sps-table", profile={
     "device": "test", "model": "tiny", "dtype": "float32", "date": "2026-11-30", "accounting": "packed",
     "points": [{"batch_size": 1, "step_seconds": 1e-4}, {"batch_size": 65536, "step_seconds": 1.01e-4}]})
-
-
-def record_rounds(engine: Engine) -> list:
-    """Collect ``engine.last_round`` (RoundInfo) after every step."""
-    rounds, step = [], engine.step
-
-    def recorded():
-        out = step()
-        if engine.last_round is not None:
-            rounds.append(engine.last_round)
-        return out
-
-    engine.step = recorded
-    return rounds
 
 
 def assert_verified(infos, label: str, gate: bool) -> None:

@@ -29,7 +29,7 @@ import torch
 import dspark
 import reference_fixtures as rf
 from _sim import chi2_pvalue
-from conftest import exact_two_token_probs, greedy_decode, run_with_late_join
+from conftest import exact_two_token_probs, greedy_decode, record_rounds, run_with_late_join
 from dspark.drafters.checkpoint import from_pretrained
 from dspark.engine import Engine
 from dspark.gating import DraftGate
@@ -83,20 +83,6 @@ def _engine(name: str, sched: str, seed: int = 0) -> Engine:
                   cost_model=FLAT, draft_gate=gate, seed=seed)
 
 
-def _record_rounds(engine: Engine) -> list:
-    """Collect ``engine.last_round`` (RoundInfo) after every step."""
-    rounds, step = [], engine.step
-
-    def recorded():
-        out = step()
-        if engine.last_round is not None:
-            rounds.append(engine.last_round)
-        return out
-
-    engine.step = recorded
-    return rounds
-
-
 def _prompt(seed: int) -> torch.Tensor:
     """A seeded random prompt: length 1..32, ids in 0..126 (the mask token 127 never appears)."""
     g = torch.Generator().manual_seed(seed)
@@ -120,7 +106,7 @@ def references(one_thread):
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_greedy_identical_to_target_decode(name, sched, references):
     engine = _engine(name, sched)
-    infos = _record_rounds(engine)
+    infos = record_rounds(engine)
     rids, done = run_with_late_join(engine, GREEDY_PROMPTS, N_GREEDY)
     for rid, ref in zip(rids, references):
         assert done[rid].output_ids == ref, f"{name}/{sched}: request {rid} diverged from the target's greedy decode"
