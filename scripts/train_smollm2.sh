@@ -36,7 +36,20 @@ for name in ${ONLY:-dspark-gated dspark-vanilla dspark-rnn dflash eagle3}; do
     dspark calibrate "$RUNS/$name/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
 done
 
-# 4. the main job's drafter: dspark-gated continued to 3× the steps (the cosine schedule re-spread
+# 4. the default drafter, reference layout (servable by vLLM after `dspark convert --to speculators`):
+#    vanilla head, 2 Qwen3 draft layers, the full vocabulary, the full-vocabulary teacher (its own
+#    feature cache, built in bf16), 8 anchors per sequence (the full-vocabulary step costs ~4x more)
+if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" dspark-vanilla-ref "* ]]; then
+  [ -f "$RUNS/dspark-vanilla-ref/checkpoint/config.json" ] || \
+    dspark train --out "$RUNS/dspark-vanilla-ref" --data "$DATA" --feature-cache "$DATA/features-full-bf16" \
+      --teacher-dtype bfloat16 --kind dspark --head vanilla-markov --rank 128 --num-layers 2 --gamma 7 \
+      --steps 3000 --seqs-per-step 8 --anchors 8 --lr 1e-3 --dtype "${DTYPE:-bfloat16}" --checkpoint-every 25 \
+      --save-dtype int8
+  [ -f "$RUNS/dspark-vanilla-ref/checkpoint/calibration.json" ] || \
+    dspark calibrate "$RUNS/dspark-vanilla-ref/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
+fi
+
+# 5. the previous main job's drafter (legacy layout): dspark-gated continued to 3× the steps (the cosine schedule re-spread
 #    over 4500 steps from dspark-gated's step-1500 state); outside the equal-budget comparison
 if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" dspark-gated-long "* ]]; then
   if [ ! -f "$RUNS/dspark-gated-long/checkpoint/config.json" ]; then

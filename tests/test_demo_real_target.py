@@ -12,6 +12,8 @@ import json
 import pytest
 import torch
 
+from dspark.checkpoints import DEFAULT_DRAFTER
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
@@ -35,7 +37,7 @@ def test_demo_cli_end_to_end(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 0, f"dspark demo exited {rc}:\n{captured.err[-2000:]}"
     result = json.loads((tmp_path / "demo.json").read_text())
-    assert result["all_identical"] is True and result["drafter"] == "dspark-gated-long"
+    assert result["all_identical"] is True and result["drafter"] == DEFAULT_DRAFTER
     rows = result["greedy_identity_fp32"]
     assert {r["domain"] for r in rows} == {"math", "code", "chat"}
     for r in rows:

@@ -63,7 +63,7 @@ def _drafter(target, name):
             load_calibrator(cal) if cal.is_file() else "identity")
 
 
-DRAFTERS = ["ngram", "dspark-vanilla", "dspark-gated", "dspark-rnn", "dflash", "eagle3"]
+DRAFTERS = ["ngram", "dspark-vanilla-ref", "dspark-vanilla", "dspark-gated", "dspark-rnn", "dflash", "eagle3"]
 SCHEDULERS = {"full": {}, "fixed": {"k": 1}, "threshold": {"threshold": 0.3}, "sps-greedy": {}}
 
 

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dspark import __version__
+from dspark.checkpoints import DEFAULT_DRAFTER
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -71,7 +72,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
         "with the target (fp32), a sampling-distribution check, and the wall-clock speed-up over the "
         "best plain decode at concurrency 1 (bf16), measured side by side."
     )
-    p.add_argument("--drafter", default="dspark-gated-long", help="shipped drafter name or checkpoint folder")
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="shipped drafter name or checkpoint folder")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--per-domain", type=int, default=2, help="held-out prompts per domain for the speed run")
     p.add_argument("--repeats", type=int, default=3, help="side-by-side repeats (the median is reported)")
@@ -377,7 +378,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="out/bench", help="folder: bench.json, bench.md, bench.png, profile.json, runs/")
     p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    p.add_argument("--drafter", default="dspark-gated-long",
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER,
                    help="shipped drafter name, checkpoint folder or LABEL=CHECKPOINT (its calibration.json is used)")
     p.add_argument("--calibration", help="calibrator JSON overriding the drafter's calibration.json")
     p.add_argument("--prompts", help="prompts JSONL {prompt, domain?} (default: the shipped held-out prompts)")
@@ -439,7 +440,7 @@ def _interop_args(p: argparse.ArgumentParser) -> None:
         "(speculative_config: adaptive verification, num_speculative_tokens_per_batch_size) read."
     )
     p.add_argument("--out", default="out/interop", help="folder: trtllm/, vllm/, best_fixed_lengths.json")
-    p.add_argument("--drafter", default="dspark-gated-long", help="shipped drafter name or checkpoint folder (γ, calibration.json)")
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="shipped drafter name or checkpoint folder (γ, calibration.json)")
     p.add_argument("--calibration", help="calibrator JSON (default: the drafter's calibration.json)")
     p.add_argument("--profile", help="sps-table profile JSON from dspark profile / dspark bench")
     p.add_argument("--shapes", help="its per-shape timings (default: PROFILE with .shapes.json, if present)")

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ROOT", "shipped", "locate", "resolve_checkpoint", "eval_prompts_path"]
+__all__ = ["ROOT", "DEFAULT_DRAFTER", "shipped", "locate", "resolve_checkpoint", "eval_prompts_path"]
 
 ROOT = Path(__file__).parent / "smollm2-135m"
+# The main job's drafter: reference layout (vanilla head, Qwen3 draft layers, full vocabulary), so
+# `dspark convert dspark-vanilla-ref OUT --to speculators --target smollm2-135m` gives what vLLM serves.
+DEFAULT_DRAFTER = "dspark-vanilla-ref"
 
 
 def shipped() -> list[str]:
