@@ -74,5 +74,8 @@ def test_default_drafter_converts_to_speculators_and_drafts_identically(target, 
     torch.testing.assert_close(a.confidence_logits, b.confidence_logits, atol=1e-5, rtol=0)
 
     ds = tmp_path / "deepspec"
-    assert cli_main(["convert", str(out), str(ds), "--to", "deepspec"]) == 0
+    # the speculators config names its verifier but not its layer count: DeepSpec needs the target
+    assert cli_main(["convert", str(out), str(ds), "--to", "deepspec"]) == 2 and not ds.exists()
+    assert cli_main(["convert", str(out), str(ds), "--to", "deepspec", "--target", "smollm2-135m"]) == 0
+    assert json.loads((ds / "config.json").read_text())["num_target_layers"] == 30
     assert (ds / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()

@@ -550,7 +550,15 @@ def _reference_files(p: Portable, out: Path, fmt: str) -> None:
 
     _refuse_unrepresentable(p, fmt)
     cfg = _deepspec_config(p) if fmt == "deepspec" else _speculators_config(p)
-    state = {k: v.contiguous() for k, v in p.weights.items() if k != "mask_embedding"}
+    state, seen = {}, set()
+    for k, v in p.weights.items():
+        if k == "mask_embedding":
+            continue
+        v = v.contiguous()
+        if v.data_ptr() in seen:  # a tied target (embedding = LM head): the formats store both tensors
+            v = v.clone()
+        seen.add(v.data_ptr())
+        state[k] = v
     save_file(state, str(out / WEIGHTS_NAME), metadata={"format": "pt"})  # as transformers' save_pretrained
     (out / CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
 
