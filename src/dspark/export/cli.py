@@ -102,7 +102,7 @@ def _checkpoint_kind(ckpt: Path) -> dict[str, Any]:
     try:  # any readable format (dspark, DeepSpec, speculators, z-lab DFlash), before the target loads
         return read_config(ckpt).to_dict()
     except CheckpointError as exc:
-        raise ExportError(f"{ckpt} is not a readable drafter checkpoint: {_one_line(exc)}") from None
+        raise ExportError(f"{ckpt} is not a drafter checkpoint in a readable format: {_one_line(exc)}") from None
 
 
 def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bool, label: str) -> bool:
