@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from dspark.drafters.config import FORMAT_VERSION, DrafterConfig, TargetInfo
-from dspark.drafters.neural import build_drafter
 
 __all__ = ["save_pretrained", "from_pretrained", "read_config"]
 
@@ -84,9 +83,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object")
+    return data
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -127,21 +129,26 @@ def _load_state(drafter: Any, state: dict[str, torch.Tensor], where: Path) -> No
     drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
 
 
+def _dspark_config(meta: dict[str, Any], where: Path) -> DrafterConfig:
+    """The :class:`DrafterConfig` of a parsed dspark ``config.json`` (``where`` names it in errors)."""
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{where} is not a dspark drafter config (format {meta.get('format')!r})")
+    try:
+        return DrafterConfig.from_dict(meta["config"], meta.get("format_version", 1))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: bad drafter config: {exc}") from None
+
+
 def read_config(path: str | Path) -> DrafterConfig:
     """The :class:`DrafterConfig` of a checkpoint folder in any readable format, without building
     the drafter."""
     root = Path(path)
     meta = _read_json(root / CONFIG_NAME)
-    if meta.get("format") != FORMAT and not meta.get("format"):
+    if not meta.get("format"):  # a reference format
         from dspark.drafters import formats
 
         return formats.read(root).config
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{root / CONFIG_NAME} is not a dspark drafter config (format {meta.get('format')!r})")
-    try:
-        return DrafterConfig.from_dict(meta["config"], meta.get("format_version", 1))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{root / CONFIG_NAME}: bad drafter config: {exc}") from None
+    return _dspark_config(meta, root / CONFIG_NAME)
 
 
 def from_pretrained(path: str | Path, target: Any = None) -> Any:
@@ -150,14 +157,4 @@ def from_pretrained(path: str | Path, target: Any = None) -> Any:
     checkpoint was made for it and bind it."""
     from dspark.drafters import formats
 
-    root = Path(path)
-    if formats.detect(root) != "dspark":
-        return formats.build(formats.read(root), target)
-    config = read_config(root)
-    if target is not None:
-        config.target.check_compatible(_target_info(target), config.target_layer_ids)
-    drafter = build_drafter(config)
-    _load_state(drafter, _read_weights(root / WEIGHTS_NAME), root / WEIGHTS_NAME)
-    if target is not None:
-        _bind(drafter, target)
-    return drafter.eval()
+    return formats.build(formats.read(path), target)

@@ -33,7 +33,9 @@ from attrs import evolve, field, frozen
 from dspark.drafters.checkpoint import (
     CheckpointError,
     _bind,
+    _dspark_config,
     _load_state,
+    _read_json,
     _read_weights,
     _target_info,
 )
@@ -56,39 +58,44 @@ class FormatError(CheckpointError):
 # Key names: dspark's BlockDrafter ⇄ the reference. (Eagle3's module uses the reference names.)
 # ---------------------------------------------------------------------------------------------
 
-_TO_REF = [
-    (r"^fuse\.", "fc."),
-    (r"^fuse_norm\.", "hidden_norm."),
-    (r"^layers\.(\d+)\.(q_proj|k_proj|v_proj|o_proj|q_norm|k_norm)\.", r"layers.\1.self_attn.\2."),
-    (r"^layers\.(\d+)\.(gate_proj|up_proj|down_proj)\.", r"layers.\1.mlp.\2."),
-    (r"^layers\.(\d+)\.input_norm\.", r"layers.\1.input_layernorm."),
-    (r"^layers\.(\d+)\.post_norm\.", r"layers.\1.post_attention_layernorm."),
-    (r"^head\.w_down\.", "markov_head.markov_w1."),
-    (r"^head\.w_up\.", "markov_head.markov_w2."),
-    (r"^head\.w_g\.", "markov_head.gate_proj."),
-    (r"^head\.w\.", "markov_head.joint_proj."),
-]
-_FROM_REF = [
-    (r"^fc\.", "fuse."),
-    (r"^hidden_norm\.", "fuse_norm."),
-    (r"^layers\.(\d+)\.self_attn\.", r"layers.\1."),
-    (r"^layers\.(\d+)\.mlp\.", r"layers.\1."),
-    (r"^layers\.(\d+)\.input_layernorm\.", r"layers.\1.input_norm."),
-    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.post_norm."),
-    (r"^markov_head\.markov_w1\.", "head.w_down."),
-    (r"^markov_head\.markov_w2\.", "head.w_up."),
-    (r"^markov_head\.gate_proj\.", "head.w_g."),
-    (r"^markov_head\.joint_proj\.", "head.w."),
+# (dspark key prefix, reference key prefix); {i} stands for a layer index. Written once, compiled
+# into both directions below; the first matching prefix renames a key.
+_KEY_PREFIXES = [
+    ("fuse.", "fc."),
+    ("fuse_norm.", "hidden_norm."),
+    *[(f"layers.{{i}}.{n}.", f"layers.{{i}}.self_attn.{n}.") for n in ("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                      "q_norm", "k_norm")],
+    *[(f"layers.{{i}}.{n}.", f"layers.{{i}}.mlp.{n}.") for n in ("gate_proj", "up_proj", "down_proj")],
+    ("layers.{i}.input_norm.", "layers.{i}.input_layernorm."),
+    ("layers.{i}.post_norm.", "layers.{i}.post_attention_layernorm."),
+    ("head.w_down.", "markov_head.markov_w1."),
+    ("head.w_up.", "markov_head.markov_w2."),
+    ("head.w_g.", "markov_head.gate_proj."),
+    ("head.w.", "markov_head.joint_proj."),
 ]
 TARGET_KEYS = ("embed_tokens.weight", "lm_head.weight")
 
 
-def _rename(state: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+def _rules(src: int) -> list[tuple[re.Pattern[str], str]]:
+    """Regexes from prefix ``src`` (0: dspark, 1: reference) to the other."""
+    out = []
+    for pair in _KEY_PREFIXES:
+        pattern = "^" + re.escape(pair[src]).replace(re.escape("{i}"), r"(\d+)")
+        out.append((re.compile(pattern), pair[1 - src].replace("{i}", r"\1")))
+    return out
+
+
+_TO_REF, _FROM_REF = _rules(0), _rules(1)
+
+
+def _rename(state: dict[str, torch.Tensor], rules: list[tuple[re.Pattern[str], str]]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
         k = key
         for pattern, repl in rules:
-            k = re.sub(pattern, repl, k)
+            k, hit = pattern.subn(repl, key)
+            if hit:
+                break
         out[k] = value
     return out
 
@@ -122,6 +129,7 @@ class Portable:
     # False when the source does not record the verifier's layer count (speculators without the
     # verifier's config at hand): config.target.num_layers is then only a lower bound
     verifier_layers_known: bool = True
+    path: Path | None = None  # the folder it was read from (named in errors)
 
 
 def _shape_fields(cfg: dict[str, Any], where: Path) -> LayerShape:
@@ -166,18 +174,6 @@ def _dtype_name(weights: dict[str, torch.Tensor]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise FormatError(f"{path.parent} is not a drafter checkpoint folder (no {path.name})")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise FormatError(f"{path} does not hold a JSON object")
-    return data
-
-
 def _lacks(cfg: dict[str, Any]) -> dict[str, str]:
     """For each format, the field it needs that ``cfg`` lacks ('' where it matches)."""
     archs = " ".join(cfg.get("architectures") or [])
@@ -190,12 +186,22 @@ def _lacks(cfg: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def _config(root: Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of checkpoint folder ``root``."""
+    if not root.exists():
+        raise FormatError(f"checkpoint folder {root} does not exist")
+    if not (root / CONFIG_NAME).is_file():
+        raise FormatError(f"{root} is not a drafter checkpoint folder (no {CONFIG_NAME})")
+    return _read_json(root / CONFIG_NAME)
+
+
 def detect(path: str | Path) -> str:
     """The format of checkpoint folder ``path``: one of :data:`FORMATS`."""
     root = Path(path)
-    if not root.exists():
-        raise FormatError(f"checkpoint folder {root} does not exist")
-    cfg = _read_json(root / CONFIG_NAME)
+    return _format_of(_config(root), root)
+
+
+def _format_of(cfg: dict[str, Any], root: Path) -> str:
     lacks = _lacks(cfg)
     for fmt in FORMATS:
         if not lacks[fmt]:
@@ -263,8 +269,7 @@ def _check_ids(ids: list[int], where: Path, field_name: str) -> list[int]:
     return ids
 
 
-def _read_deepspec(root: Path) -> Portable:
-    cfg = _read_json(root / CONFIG_NAME)
+def _read_deepspec(root: Path, cfg: dict[str, Any]) -> Portable:
     where = root / CONFIG_NAME
     _need(cfg, where, "DeepSpec", "target_layer_ids", "vocab_size", "hidden_size", "num_hidden_layers",
           "num_attention_heads", "intermediate_size")
@@ -285,8 +290,7 @@ def _read_deepspec(root: Path) -> Portable:
     return Portable(config, _weights(root), target.name, (), cfg.get("max_position_embeddings"), "deepspec")
 
 
-def _read_speculators(root: Path) -> Portable:
-    cfg = _read_json(root / CONFIG_NAME)
+def _read_speculators(root: Path, cfg: dict[str, Any]) -> Portable:
     where = root / CONFIG_NAME
     kind = cfg["speculators_model_type"]
     if kind not in _SPEC_ARCH:
@@ -326,8 +330,7 @@ def _read_speculators(root: Path) -> Portable:
                     layer.get("max_position_embeddings"), "speculators", n_known is not None)
 
 
-def _read_zlab(root: Path) -> Portable:
-    cfg = _read_json(root / CONFIG_NAME)
+def _read_zlab(root: Path, cfg: dict[str, Any]) -> Portable:
     where = root / CONFIG_NAME
     dcfg = cfg.get("dflash_config") or {}
     merged = {**cfg, **dcfg}
@@ -346,10 +349,8 @@ def _read_zlab(root: Path) -> Portable:
                     n_known is not None)
 
 
-def _read_dspark(root: Path) -> Portable:
-    from dspark.drafters.checkpoint import read_config
-
-    config = read_config(root)
+def _read_dspark(root: Path, cfg: dict[str, Any]) -> Portable:
+    config = _dspark_config(cfg, root / CONFIG_NAME)
     state = _weights(root)
     return Portable(config, to_reference_keys(config.kind, state), config.target.name, (), None, "dspark")
 
@@ -361,13 +362,14 @@ _READERS = {"dspark": _read_dspark, "deepspec": _read_deepspec, "speculators": _
 def read(path: str | Path) -> Portable:
     """Read checkpoint folder ``path`` in whichever format it is in."""
     root = Path(path)
-    fmt = detect(root)
+    cfg = _config(root)
+    fmt = _format_of(cfg, root)
     try:
-        return _READERS[fmt](root)
+        return evolve(_READERS[fmt](root, cfg), path=root)
     except (KeyError, TypeError) as exc:
         raise FormatError(f"{root / CONFIG_NAME}: bad {fmt} config ({type(exc).__name__}: {exc})") from None
     except ValueError as exc:
-        if isinstance(exc, FormatError):
+        if isinstance(exc, CheckpointError):  # already names the file and the problem
             raise
         raise FormatError(f"{root / CONFIG_NAME}: bad {fmt} config: {exc}") from None
 
@@ -413,16 +415,18 @@ def build(p: Portable, target: Any = None) -> Any:
 
     config = _check_verifier(p, target) if target is not None else p.config
     drafter = build_drafter(config)
+    where = p.path / WEIGHTS_NAME if p.path is not None else Path(f"<{p.source_format} checkpoint>")
     expected = to_reference_keys(config.kind, drafter.state_dict())
     for key, want in expected.items():  # shapes under the checkpoint's own key names
         got = p.weights.get(key)
         if got is not None and tuple(got.shape) != tuple(want.shape):
-            raise FormatError(f"{p.source_format} checkpoint: {key} has shape {tuple(got.shape)}, but this "
+            own_key = key if p.source_format != "dspark" else next(iter(from_reference_keys(config.kind, {key: got})))
+            raise FormatError(f"{where}: {own_key} has shape {tuple(got.shape)}, but this "
                               f"{config.kind} config needs {tuple(want.shape)}")
     state = from_reference_keys(config.kind, {k: v for k, v in p.weights.items() if k not in TARGET_KEYS})
     if config.mask_token_id is not None:
         state.pop("mask_embedding", None)  # vLLM's loader skips this placeholder too
-    _load_state(drafter, state, Path(f"<{p.source_format} checkpoint>"))
+    _load_state(drafter, state, where)
     if target is not None:
         _bind(drafter, target)
     return drafter.eval()
