@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark.drafters.config import DrafterConfig
-from dspark.drafters.layers import LayerShape, RMSNorm, rope
+from dspark.drafters.layers import LayerShape, RMSNorm, attend, block_mask, rope
 from dspark.drafters.neural import _Eagle3Loop
 
 __all__ = ["Eagle3Drafter", "Eagle3Layer"]
@@ -74,15 +74,10 @@ class Eagle3Attention(nn.Module):
         q = rope(self.q_norm(self._heads(self.q_proj, u, s.num_heads)), positions, s.rope_theta)
         k_new, v_new = self.kv(u, positions)
         k, v = torch.cat([ctx_k, k_new], 2), torch.cat([ctx_v, v_new], 2)  # [R, H_kv, P + n, hd]
-        rep = s.num_heads // s.num_kv_heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         if attn_mask is None:
-            P = ctx_k.shape[2]
-            ctx = (torch.ones(R, P, dtype=torch.bool, device=u.device) if ctx_mask is None else ctx_mask)
-            causal = torch.ones(n, n, dtype=torch.bool, device=u.device).tril()
-            attn_mask = torch.cat([ctx[:, None, :].expand(R, n, P), causal.expand(R, n, n)], -1)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None])  # [R, H, n, hd]
+            ctx = torch.ones(R, ctx_k.shape[2], dtype=torch.bool, device=u.device) if ctx_mask is None else ctx_mask
+            attn_mask = block_mask(ctx, n, causal=True)  # [R, n, P + n]
+        a = attend(q, k, v, attn_mask)  # [R, H, n, hd]
         return self.o_proj(a.transpose(1, 2).reshape(R, n, s.num_heads * s.head_dim)), k_new, v_new
 
 
@@ -145,9 +140,7 @@ class Eagle3Drafter(_Eagle3Loop):
     _returns_hidden = True
 
     def __init__(self, config: DrafterConfig) -> None:
-        if config.num_layers != 1:
-            raise ValueError(f"eagle3 supports exactly one draft layer (as the reference), got num_layers={config.num_layers}")
-        super().__init__(config)
+        super().__init__(config)  # DrafterConfig already holds eagle3 to exactly one draft layer
         s = config.layer
         d, m = s.hidden_size, len(config.target_layer_ids)
         self.fc = nn.Linear(m * d, d, bias=False)

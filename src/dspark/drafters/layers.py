@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from attrs import frozen
 from torch import nn
 
-__all__ = ["LayerShape", "RMSNorm", "rope", "DraftLayer"]
+__all__ = ["LayerShape", "RMSNorm", "rope", "block_mask", "attend", "DraftLayer"]
 
 
 @frozen
@@ -55,6 +55,26 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def block_mask(ctx_mask: torch.Tensor, g: int, causal: bool) -> torch.Tensor:
+    """Attention mask [R, g, P + g] bool of g new positions over [context ; themselves]: every real
+    context slot (ctx_mask [R, P]), and the new positions bidirectionally or (``causal``) causally."""
+    R = ctx_mask.shape[0]
+    blk = torch.ones(g, g, dtype=torch.bool, device=ctx_mask.device)
+    if causal:
+        blk = torch.tril(blk)
+    return torch.cat([ctx_mask[:, None, :].expand(R, g, -1), blk.expand(R, g, g)], dim=-1)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention: q [R, H, g, hd] over k, v [R, H_kv, P, hd] (each K/V head shared by
+    H / H_kv query heads), mask [R, g, P] bool → [R, H, g, hd]."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
 
 
 class DraftLayer(nn.Module):
@@ -116,20 +136,8 @@ class DraftLayer(nn.Module):
         k_blk, v_blk = self._kv(h, positions)  # [R, H_kv, γ, hd]
         k = torch.cat([ctx_k, k_blk], dim=2)  # [R, H_kv, n+γ, hd]
         v = torch.cat([ctx_v, v_blk], dim=2)
-        rep = s.num_heads // s.num_kv_heads
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        if attn_mask is not None:
-            mask = attn_mask  # [R, γ, n+γ]
-        else:
-            blk = torch.ones(g, g, dtype=torch.bool, device=x.device)
-            if causal:
-                blk = torch.tril(blk)
-            mask = torch.cat(
-                [ctx_mask[:, None, :].expand(R, g, -1), blk.expand(R, g, g)], dim=-1
-            )  # [R, γ, n+γ]
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # [R, H, γ, hd]
+        mask = attn_mask if attn_mask is not None else block_mask(ctx_mask, g, causal)  # [R, γ, n+γ]
+        attn = attend(q, k, v, mask)  # [R, H, γ, hd]
         x = x + self.o_proj(attn.transpose(1, 2).reshape(R, g, s.num_heads * s.head_dim))
         h = self.post_norm(x)
         out = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))

@@ -124,6 +124,11 @@ def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Ten
     return _slots(drafter, batch.top_ids.gather(1, idx)), batch.top_logp.gather(1, idx).float().exp(), None, None
 
 
+def _rows(tensors: tuple[torch.Tensor | None, ...], B: int, g: int) -> tuple[torch.Tensor | None, ...]:
+    """Teacher tensors [S, N·γ, ...] → [B = S·N, γ, ...] (None stays None)."""
+    return tuple(None if t is None else t.reshape(B, g, *t.shape[2:]) for t in tensors)
+
+
 def _slots(drafter: Any, tokens: torch.Tensor) -> torch.Tensor:
     """Target ids → draft slots, −1 where the draft vocabulary has no slot."""
     s = drafter.to_draft(tokens)
@@ -170,11 +175,9 @@ def block_forward(drafter: Any, batch: Batch) -> Targets:
     # index clamped to n−1 reads the teacher at n−2 (such slots are masked anyway)
     p_slots, p_top, p, p_out = teacher_at(drafter, batch, (nxt - 1).reshape(S, N * g))
 
-    def rows(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.reshape(S * N, g, *t.shape[2:])
-
-    return Targets(torch.log_softmax(U, dim=-1), label, rows(p_slots), rows(p_top), valid.reshape(S * N, g), conf,
-                   p=rows(p), p_out=rows(p_out), hidden=h, logits=U)
+    p_slots, p_top, p, p_out = _rows((p_slots, p_top, p, p_out), S * N, g)
+    return Targets(torch.log_softmax(U, dim=-1), label, p_slots, p_top, valid.reshape(S * N, g), conf,
+                   p=p, p_out=p_out, hidden=h, logits=U)
 
 
 def eagle3_forward(drafter: Any, batch: Batch) -> Targets:
@@ -223,7 +226,5 @@ def eagle3_forward(drafter: Any, batch: Batch) -> Targets:
     # the teacher (full vocabulary or top-k) at t+step+1 for every chain and step: [S, N·γ]
     p_slots, p_top, p, p_out = teacher_at(drafter, batch, torch.stack(tea_pos_all, 2).reshape(S, N * g))
 
-    def rows(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x.reshape(S * N, g, *x.shape[2:])
-
-    return Targets(logq, label, rows(p_slots), rows(p_top), valid, None, p=rows(p), p_out=rows(p_out))
+    p_slots, p_top, p, p_out = _rows((p_slots, p_top, p, p_out), S * N, g)
+    return Targets(logq, label, p_slots, p_top, valid, None, p=p, p_out=p_out)
