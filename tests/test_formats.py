@@ -50,34 +50,42 @@ def test_unknown_folder_names_the_formats_tried(tmp_path):
     assert "speculators_model_type" in msg and "target_layer_ids" in msg and "dflash_config" in msg
 
 
+def _assert_same_fields(mine, ref, keys):
+    for key in keys:
+        assert mine.get(key) == ref.get(key), key
+
+
+def _convert_and_compare(src, to, reference, tmp_path, keys):
+    """Convert fixture ``src`` to format ``to``: its weights must be the bytes of fixture
+    ``reference``, its config equal on ``keys``; → (our config, the reference's)."""
+    out = formats.convert(rf.folder(src), to, tmp_path / "out")
+    assert _bytes(out) == _bytes(rf.folder(reference))
+    mine = json.loads((out / "config.json").read_text())
+    ref = json.loads((rf.folder(reference) / "config.json").read_text())
+    _assert_same_fields(mine, ref, keys)
+    return mine, ref
+
+
 @pytest.mark.parametrize("deepspec,speculators", PAIRS)
 def test_deepspec_to_speculators_is_byte_identical(deepspec, speculators, tmp_path):
-    out = formats.convert(rf.folder(deepspec), "speculators", tmp_path / "out")
-    assert _bytes(out) == _bytes(rf.folder(speculators))
-    mine = json.loads((out / "config.json").read_text())
-    ref = json.loads((rf.folder(speculators) / "config.json").read_text())
-    for key in ("architectures", "speculators_model_type", "aux_hidden_state_layer_ids",
-                "eagle_aux_hidden_state_layer_ids", "block_size", "mask_token_id", "sample_from_anchor",
-                "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
-                "draft_vocab_size", "norm_before_fc", "fc_norm", "norm_output", "norm_before_residual", "auto_map"):
-        assert mine.get(key) == ref.get(key), key
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                "intermediate_size", "rms_norm_eps", "rope_parameters", "vocab_size", "model_type", "layer_types"):
-        assert mine["transformer_layer_config"][key] == ref["transformer_layer_config"][key], key
+    mine, ref = _convert_and_compare(deepspec, "speculators", speculators, tmp_path, (
+        "architectures", "speculators_model_type", "aux_hidden_state_layer_ids",
+        "eagle_aux_hidden_state_layer_ids", "block_size", "mask_token_id", "sample_from_anchor",
+        "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+        "draft_vocab_size", "norm_before_fc", "fc_norm", "norm_output", "norm_before_residual", "auto_map"))
+    _assert_same_fields(mine["transformer_layer_config"], ref["transformer_layer_config"], (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "intermediate_size", "rms_norm_eps", "rope_parameters", "vocab_size", "model_type", "layer_types"))
     assert mine["speculators_config"]["proposal_methods"] == ref["speculators_config"]["proposal_methods"]
 
 
 @pytest.mark.parametrize("deepspec,speculators", PAIRS)
 def test_speculators_to_deepspec_is_byte_identical(deepspec, speculators, tmp_path):
-    out = formats.convert(rf.folder(speculators), "deepspec", tmp_path / "out")
-    assert _bytes(out) == _bytes(rf.folder(deepspec))
-    mine = json.loads((out / "config.json").read_text())
-    ref = json.loads((rf.folder(deepspec) / "config.json").read_text())
-    for key in ("architectures", "target_layer_ids", "num_target_layers", "block_size", "mask_token_id",
-                "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
-                "ttt_length", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "head_dim", "intermediate_size", "rms_norm_eps", "rope_parameters", "vocab_size", "model_type"):
-        assert mine.get(key) == ref.get(key), key
+    _convert_and_compare(speculators, "deepspec", deepspec, tmp_path, (
+        "architectures", "target_layer_ids", "num_target_layers", "block_size", "mask_token_id",
+        "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov",
+        "ttt_length", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "intermediate_size", "rms_norm_eps", "rope_parameters", "vocab_size", "model_type"))
 
 
 @pytest.mark.parametrize("name", ["deepspec-dspark-gated", "deepspec-dspark-rnn", "deepspec-dspark-vanilla",
