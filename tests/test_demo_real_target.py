@@ -29,7 +29,8 @@ pytestmark = [
 
 
 def test_demo_cli_end_to_end(tmp_path, capsys):
-    """The README main job, shortened: identity in fp32, the sampling check, the bf16 speed run."""
+    """The README main job, shortened: identity in fp32 (drafts verified), the sampling check, the
+    speed run in the dtype measured faster here, with the machine named."""
     from dspark.cli import main
 
     rc = main(["demo", "--max-new-tokens", "16", "--samples", "500", "--per-domain", "1", "--repeats", "1",
@@ -43,6 +44,9 @@ def test_demo_cli_end_to_end(tmp_path, capsys):
     for r in rows:
         assert r["identical_to_target_greedy"] is True, f"{r['domain']} differs"
         assert 0 < r["new_tokens"] <= 16 and r["tau"] >= 1.0
+    # the identity check verifies full-length drafts: some accepted, some rejected
+    assert result["identity_verified_drafts"] > result["identity_accepted_drafts"] > 0
+    assert sum(r["rejected_drafts"] for r in rows) > 0
     check = result["sampling_check"]
     assert check["samples"] == 500
     assert check["tv_committed_vs_p"] < check["tv_draft_samples_vs_p"] / 3, check
@@ -51,9 +55,15 @@ def test_demo_cli_end_to_end(tmp_path, capsys):
     sp = result["speed"]
     assert sp["prompts"] == 3 and sp["repeats"] == 1 and len(sp["per_prompt"]) == 3
     assert sp["speedup_vs_best_plain"] > 0 and sp["mean_tau"] >= 1.0
-    assert set(result["bf16_profile_step_seconds"]) == {str(q) for q in range(1, result["gamma"] + 2)}
+    choice = result["dtype_choice"]
+    assert set(choice["profile_step_seconds"]) == {str(q) for q in range(1, result["gamma"] + 2)}
+    assert set(choice["plain_step_seconds"]) == {"float32", "bfloat16"}
+    assert choice["dtype"] == min(choice["plain_step_seconds"], key=choice["plain_step_seconds"].get)
+    assert sp["dtype"] == choice["dtype"] and sp["draft_gate"] is True
+    assert result["machine"]["threads"] >= 1 and result["machine"]["cpu"]
     text = (tmp_path / "demo.md").read_text()
     assert "Speed-up over the best plain decode" in text and "| NO |" not in text
+    assert "Machine:" in text and result["machine"]["kind"] in text
 
 
 @pytest.fixture(scope="module")

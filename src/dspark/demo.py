@@ -6,10 +6,15 @@
 2. A sampling check at T = 0.8 / top-p 0.95: draft tokens drawn from a deliberately different
    distribution q are verified against the target's p; the committed tokens' total-variation
    distance to p is compared with that of plain samples from p (the noise floor) and of q itself.
-3. Speed (bf16, concurrency 1, held-out prompts): plain decoding — the best of HF ``generate`` and
-   the engine without a drafter — against the engine with the drafter, side by side, prompt by
-   prompt, repeated; the speed-up is the median over repeats of the summed wall-clock times.
-   The cost model is a bf16 verification profile measured at start-up.
+   Drafts of full length are verified (the ``full`` scheduler), so accepted *and* rejected draft
+   tokens occur; the report counts both.
+3. Speed (concurrency 1, held-out prompts): the dtype is chosen by measurement at start-up (the
+   faster plain step, :mod:`dspark.autotune`) unless ``--dtype`` fixes it, and the cost model is the
+   verification profile measured for that dtype on this machine. Plain decoding — the best of HF
+   ``generate`` and the engine without a drafter — against the engine with the drafter and the draft
+   gate (which stops drafting where the measured rates say it does not pay), side by side, prompt by
+   prompt, repeated; the speed-up is the median over repeats of the summed wall-clock times. The
+   report states the machine (CPU, the ISA flags that matter, threads, dtype) next to the figure.
 Writes ``demo.json`` and ``demo.md`` to ``--out``.
 """
 
@@ -24,8 +29,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.cost_models import SPSTableCostModel
-from dspark.models import cache_kwarg, crop_cache, load_causal_lm
+from dspark.autotune import choose_dtype
+from dspark.models import load_causal_lm
 from dspark.sampling import probs_from_logits, sample
 from dspark.speculative import plain_generate
 from dspark.types import SamplingParams
@@ -38,37 +43,6 @@ PROMPTS = {
     "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
     "chat": "Give me three tips for writing clear emails, one sentence each.",
 }
-
-
-def _profile(model, prompt_ids: torch.Tensor, sizes: list[int], repeats: int = 5,
-             dtype: str = "float32") -> SPSTableCostModel:
-    """Median seconds of a forward of q new tokens over the prompt's KV cache, per q."""
-    from transformers import DynamicCache
-
-    points = {}
-    with torch.inference_mode():
-        cache = DynamicCache()
-        kw = cache_kwarg(model)
-        model(input_ids=prompt_ids[None, :], use_cache=True, **{kw: cache})
-        n = prompt_ids.numel()
-        for q in tqdm(sizes, desc="profiling verification cost", leave=False):
-            times = []
-            for _ in range(repeats):
-                ids = prompt_ids[-q:][None, :]
-                t0 = time.perf_counter()
-                model(input_ids=ids, use_cache=True, **{kw: cache})
-                times.append(time.perf_counter() - t0)
-                crop_cache(cache, n)
-            points[q] = statistics.median(times[1:])  # first run warms up
-    # One can always pad q up to a cheaper larger shape, so the cost of q tokens is the minimum
-    # over shapes ≥ q: a non-decreasing envelope that keeps timing noise out of the schedule.
-    sizes = sorted(points)
-    for i in range(len(sizes) - 2, -1, -1):
-        points[sizes[i]] = min(points[sizes[i]], points[sizes[i + 1]])
-    return SPSTableCostModel.from_points(
-        points, accounting="packed", model="SmolLM2-135M-Instruct", dtype=dtype,
-        device=f"cpu ({torch.get_num_threads()} threads)", date=time.strftime("%Y-%m-%d"),
-    )
 
 
 def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -112,21 +86,41 @@ def _encode(tok, text: str) -> torch.Tensor:
     return torch.tensor(enc["input_ids"])
 
 
-def _engine(model, tok, drafter_dir, calibrator, cost):
-    """An engine on a fresh HFTarget around ``model`` (plain decoding when ``drafter_dir`` is None)."""
+def _engine(target, tok, drafter_dir, calibrator, cost, scheduler="sps-greedy", gate=False):
+    """An engine on a fresh HFTarget around ``target.model`` (plain decoding when ``drafter_dir`` is
+    None; the engines must not share a target: each keeps its own per-request caches)."""
     from dspark.drafters.checkpoint import from_pretrained
     from dspark.engine import Engine
+    from dspark.gating import DraftGate
     from dspark.targets import HFTarget
 
-    target = HFTarget(model, tok)
-    drafter = from_pretrained(drafter_dir, target) if drafter_dir is not None else None
-    return Engine(target, drafter, scheduler="sps-greedy", cost_model=cost, calibrator=calibrator or "identity")
+    fresh = HFTarget(target.model, tok)
+    drafter = from_pretrained(drafter_dir, fresh) if drafter_dir is not None else None
+    return Engine(fresh, drafter, scheduler=scheduler, cost_model=cost, calibrator=calibrator or "identity",
+                  draft_gate=DraftGate() if gate and drafter is not None else None)
 
 
 def _timed(fn):
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0
+
+
+def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> tuple[list[dict], int]:
+    """fp32 greedy identity with every draft verified at full length (``full`` scheduler)."""
+    from dspark.targets import HFTarget
+
+    engine = _engine(HFTarget(model, tok), tok, folder, calibrator, None, scheduler="full")
+    rows = []
+    for domain, ids in tqdm(encoded.items(), desc="greedy identity (fp32, full drafts)", leave=False):
+        reference = plain_generate(model, ids, max_new_tokens, eos)
+        (c,) = engine.generate([ids], SamplingParams.greedy(), max_new_tokens=max_new_tokens, progress=False)
+        m = c.rounds
+        verified, accepted = sum(m.verified), sum(m.accepted)
+        rows.append({"domain": domain, "identical_to_target_greedy": c.output_ids == reference,
+                     "new_tokens": len(c.output_ids), "verified_drafts": verified, "accepted_drafts": accepted,
+                     "rejected_drafts": sum(1 for v, a in zip(m.verified, m.accepted) if a < v), **c.metrics})
+    return rows, engine.drafter.gamma
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -140,39 +134,31 @@ def run_demo(args: argparse.Namespace) -> int:
     calibrator = load_calibrator(cal_path) if cal_path.is_file() else None
     greedy = SamplingParams.greedy()
 
-    # 1. correctness, fp32 -------------------------------------------------------------------
+    # 1–2. correctness, fp32 ------------------------------------------------------------------
     print(f"loading target {args.model} (fp32) and drafter {folder.name} ...", flush=True)
     model, tok = load_causal_lm(args.model, torch.float32)
     eos = tok.eos_token_id
     encoded = {name: _encode(tok, text) for name, text in PROMPTS.items()}
-    cost32 = _profile(model, encoded["math"], list(range(1, 9)))
-    engine = _engine(model, tok, folder, calibrator, cost32)
-    identity, all_identical = [], True
-    for domain, ids in tqdm(encoded.items(), desc="greedy identity (fp32)", leave=False):
-        reference = plain_generate(model, ids, args.max_new_tokens, eos)
-        (c,) = engine.generate([ids], greedy, max_new_tokens=args.max_new_tokens, progress=False)
-        same = c.output_ids == reference
-        all_identical &= same
-        identity.append({"domain": domain, "identical_to_target_greedy": same, "new_tokens": len(c.output_ids),
-                         **c.metrics})
+    identity, gamma = _identity(model, tok, folder, calibrator, encoded, args.max_new_tokens, eos)
+    all_identical = all(r["identical_to_target_greedy"] for r in identity)
     check = _sampling_check(model, encoded["chat"], args.samples, seed=0)
-    gamma = engine.drafter.gamma
-    del engine, model
 
-    # 3. speed, bf16, concurrency 1 ----------------------------------------------------------
-    print("loading the bf16 target for the speed run ...", flush=True)
-    model, tok = load_causal_lm(args.model, torch.bfloat16)
-    cost = _profile(model, encoded["math"], list(range(1, gamma + 2)), dtype="bfloat16")
-    profile = {int(b): s for b, s in cost.profile.points}
-    print("bf16 verification step time by tokens verified: "
-          + ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in profile.items()))
-    plain_engine = _engine(model, tok, None, None, cost)
-    spec_engine = _engine(model, tok, folder, calibrator, cost)
+    # 3. speed, concurrency 1, dtype by measurement ---------------------------------------------
     prompts = eval_prompts(None, args.per_domain)
     ids = [_encode(tok, p.text) for p in prompts]
+    context = round(statistics.mean(x.numel() for x in ids)) + args.max_new_tokens // 2
+    choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=args.dtype)
+    del model
+    model = target.model
+    print(choice.reason, flush=True)
+    cost = choice.cost_model(args.model)
+    print(f"{choice.dtype} verification step time by tokens verified: "
+          + ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in choice.profile.items()), flush=True)
+    plain_engine = _engine(target, tok, None, None, cost)
+    spec_engine = _engine(target, tok, folder, calibrator, cost, gate=args.gate)
     totals: dict[str, list[float]] = {"hf_generate": [], "engine_plain": [], "engine_dspark": []}
     per_prompt, taus, match = [], [], []
-    bar = tqdm(total=args.repeats * len(ids), desc="speed (bf16, concurrency 1)", leave=False)
+    bar = tqdm(total=args.repeats * len(ids), desc=f"speed ({choice.dtype}, concurrency 1)", leave=False)
     for rep in range(args.repeats):
         sums = dict.fromkeys(totals, 0.0)
         for p, x in zip(prompts, ids):
@@ -187,14 +173,17 @@ def run_demo(args: argparse.Namespace) -> int:
                 n = min(len(cs.output_ids), len(cp.output_ids))
                 first = next((i for i in range(n) if cs.output_ids[i] != cp.output_ids[i]), n)
                 match.append(first / max(n, 1))
+                drafted = sum(1 for v in cs.rounds.proposed if v > 0)
                 per_prompt.append({"domain": p.domain, "tau": cs.metrics["tau"], "new_tokens": len(cs.output_ids),
                                    "mean_verified": cs.metrics["mean_verified"],
+                                   "drafted_rounds": drafted, "rounds": cs.metrics["rounds"],
                                    "ms_per_token_plain": 1e3 * t_plain / max(len(cp.output_ids), 1),
                                    "ms_per_token_dspark": 1e3 * t_spec / max(len(cs.output_ids), 1)})
             bar.update()
         for k in totals:
             totals[k].append(sums[k])
     bar.close()
+    gate = spec_engine.draft_gate
     med = {k: statistics.median(v) for k, v in totals.items()}
     baseline = min(med["hf_generate"], med["engine_plain"])
     speedup = baseline / med["engine_dspark"]
@@ -202,14 +191,20 @@ def run_demo(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = {
         "model": args.model, "drafter": folder.name, "calibrated": calibrator is not None, "gamma": gamma,
-        "max_new_tokens": args.max_new_tokens, "greedy_identity_fp32": identity, "all_identical": all_identical,
-        "sampling_check": check, "bf16_profile_step_seconds": profile,
-        "speed": {"prompts": len(ids), "repeats": args.repeats, "seconds_per_repeat": totals,
+        "max_new_tokens": args.max_new_tokens, "machine": choice.machine.to_dict(),
+        "greedy_identity_fp32": identity, "all_identical": all_identical,
+        "identity_verified_drafts": sum(r["verified_drafts"] for r in identity),
+        "identity_accepted_drafts": sum(r["accepted_drafts"] for r in identity),
+        "sampling_check": check, "dtype_choice": choice.to_dict(),
+        "speed": {"dtype": choice.dtype, "prompts": len(ids), "repeats": args.repeats,
+                  "draft_gate": gate is not None, "seconds_per_repeat": totals,
+                  "gate_rounds": {"rounds": spec_engine.rounds,
+                                  "skipped": gate.skipped_rounds if gate else 0,
+                                  "hopeless": gate.hopeless_rounds if gate else 0},
                   "median_seconds": med, "baseline": "hf_generate" if med["hf_generate"] <= med["engine_plain"] else "engine_plain",
                   "speedup_vs_best_plain": speedup, "mean_tau": statistics.mean(taus),
-                  "bf16_prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
-        "command": "dspark demo " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                                             if k not in ("func", "command")),
+                  "prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
+        "command": "dspark demo " + " ".join(_flag(k, v) for k, v in vars(args).items() if k not in ("func", "command")),
     }
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
     md = _markdown(result)
@@ -222,34 +217,55 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flag(key: str, value) -> str:
+    name = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return name if value else "--no-" + key.replace("_", "-")
+    return f"{name} {value}"
+
+
 def _markdown(r: dict) -> str:
-    sp = r["speed"]
+    sp, ch, mach = r["speed"], r["dtype_choice"], r["machine"]
+    gate = sp["gate_rounds"]
     lines = [
-        f"# dspark demo — SmolLM2-135M-Instruct on this CPU, drafter `{r['drafter']}`"
+        f"# dspark demo — SmolLM2-135M-Instruct, drafter `{r['drafter']}`"
         + (" (STS-calibrated)" if r["calibrated"] else ""),
         "",
         f"Command: `{r['command']}`",
         "",
+        f"Machine: {mach['cores']}-core {mach['cpu']} — **{mach['kind']}** (flags: {' '.join(mach['flags']) or 'none'}; "
+        f"ATen {mach['aten_capability']}; {mach['threads']} threads).",
+        "",
         f"**Speed-up over the best plain decode: {sp['speedup_vs_best_plain']:.2f}×** "
-        f"(bf16, concurrency 1, {sp['prompts']} held-out prompts × {sp['repeats']} repeats, median of summed "
-        f"wall-clock times normalised to {r['max_new_tokens']} tokens; mean τ {sp['mean_tau']:.2f}).",
+        f"({sp['dtype']}, concurrency 1, {sp['prompts']} held-out prompts × {sp['repeats']} repeats, median of summed "
+        f"wall-clock times normalised to {r['max_new_tokens']} tokens; mean τ {sp['mean_tau']:.2f}; draft gate "
+        + (f"on: {gate['skipped']} of {gate['rounds']} rounds skipped the drafter)." if sp["draft_gate"] else "off)."),
+        "",
+        f"Start-up choice: {ch['reason']}.",
+        "",
+        "Verification step time by tokens verified (" + ch["dtype"] + "): "
+        + ", ".join(f"{q}: {s * 1e3:.1f} ms" for q, s in ch["profile_step_seconds"].items()) + ".",
         "",
         "| system | median seconds per repeat |", "|---|---|",
     ]
     for k, v in sp["median_seconds"].items():
         lines.append(f"| {k} | {v:.2f} |")
-    lines += ["", "| domain | τ | mean ℓ | tokens | ms/token plain (engine) | ms/token DSpark |", "|---|---|---|---|---|---|"]
+    lines += ["", "| domain | τ | mean ℓ | drafted rounds | tokens | ms/token plain (engine) | ms/token DSpark |",
+              "|---|---|---|---|---|---|---|"]
     for x in sp["per_prompt"]:
-        lines.append(f"| {x['domain']} | {x['tau']:.2f} | {x['mean_verified']:.2f} | {x['new_tokens']} | "
-                     f"{x['ms_per_token_plain']:.1f} | {x['ms_per_token_dspark']:.1f} |")
-    lines += ["", f"bf16 outputs agree with the plain bf16 decode on {100 * sp['bf16_prefix_agreement_with_plain']:.1f} % "
-              "of the common prefix on average (bf16 rounds differently for different verify shapes; "
-              "exact identity is checked in fp32 below).", "",
-              "Greedy identity in fp32 (engine + drafter vs the target's own greedy decode):", "",
-              "| domain | identical | tokens | τ | mean ℓ |", "|---|---|---|---|---|"]
+        lines.append(f"| {x['domain']} | {x['tau']:.2f} | {x['mean_verified']:.2f} | {x['drafted_rounds']}/{x['rounds']} | "
+                     f"{x['new_tokens']} | {x['ms_per_token_plain']:.1f} | {x['ms_per_token_dspark']:.1f} |")
+    lines += ["", f"The outputs agree with the plain {sp['dtype']} decode on "
+              f"{100 * sp['prefix_agreement_with_plain']:.1f} % of the common prefix on average (outside fp32, "
+              "different verify shapes round differently; exact identity is checked in fp32 below).", "",
+              "Greedy identity in fp32 (engine + drafter vs the target's own greedy decode), every draft verified "
+              f"at full length: {r['identity_verified_drafts']} draft tokens verified, "
+              f"{r['identity_accepted_drafts']} accepted.", "",
+              "| domain | identical | tokens | τ | drafts verified | accepted | rounds with a rejection |",
+              "|---|---|---|---|---|---|---|"]
     for x in r["greedy_identity_fp32"]:
         lines.append(f"| {x['domain']} | {'yes' if x['identical_to_target_greedy'] else 'NO'} | {x['new_tokens']} | "
-                     f"{x['tau']:.2f} | {x['mean_verified']:.2f} |")
+                     f"{x['tau']:.2f} | {x['verified_drafts']} | {x['accepted_drafts']} | {x['rejected_drafts']} |")
     c = r["sampling_check"]
     lines += [
         "",

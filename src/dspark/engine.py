@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -129,7 +129,9 @@ class Engine:
 
     ``drafter=None`` is plain decoding through the same batched target (the baseline).
     ``draft_gate`` (``True`` or a :class:`dspark.gating.DraftGate`) skips the drafter in rounds where
-    the cost model says drafting does not pay for itself (needs a cost model).
+    the measured rates say drafting does not pay for itself (needs a cost model).
+    ``clock`` is the seconds counter every timing reads (default ``time.perf_counter``); tests
+    substitute a virtual one to run a machine whose step times are known.
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class Engine:
         confidence_model: Any = "draft-head",
         draft_gate: Any = None,
         seed: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.target = target
         self.drafter = resolve("drafters", drafter) if drafter is not None else None
@@ -172,6 +175,7 @@ class Engine:
         self.draft_gate = draft_gate or None
         self.last_round: RoundInfo | None = None
         self.seed = seed
+        self.clock = clock
         self._requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         # Seconds per part, summed over rounds: draft (drafter.draft, of which sequential_head),
@@ -250,7 +254,7 @@ class Engine:
         reqs = [r for r in self._requests.values() if r.finished is None]
         if not reqs:
             return []
-        t_round = time.perf_counter()
+        t_round = self.clock()
         rids = [r.rid for r in reqs]
         R = len(reqs)
         gens = [r.generator for r in reqs]
@@ -273,23 +277,23 @@ class Engine:
                      else torch.empty(0, 0) for r in reqs]
             ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
                                max_lengths=room, features={"hidden": feats})
-            t0 = time.perf_counter()
+            t0 = self.clock()
             block = self.drafter.draft(ctx)
-            self.timings["draft"] += time.perf_counter() - t0
+            self.timings["draft"] += self.clock() - t0
             self.timings["sequential_head"] += getattr(self.drafter, "timings", {}).get("sequential_head", 0.0)
             for r in reqs:
                 r.features = []
             raw = self.confidence_model.confidence_logits(block)  # [R, γ]
             c = self.calibrator.calibrate(raw)  # [R, γ]
             plan = self.scheduler.schedule(c, block.valid_lengths, self.cost_model)
-            t_draft = time.perf_counter() - t0
+            t_draft = self.clock() - t0
             lengths, expected = plan.lengths, plan.expected_tokens  # [R]
             gamma = block.gamma
             tokens = torch.cat([anchors[:, None], block.tokens], dim=1)  # [R, 1+γ]
         before = [self.target.cached_length(rid) for rid in rids]
-        t0 = time.perf_counter()
+        t0 = self.clock()
         out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
-        t_target = time.perf_counter() - t0
+        t_target = self.clock() - t0
         self.timings["target"] += t_target
         logits = out.logits[:, : gamma + 1]
         if gamma == 0 and all(r.sampling.is_greedy for r in reqs):
@@ -330,13 +334,14 @@ class Engine:
         for o in outputs:
             if o.finished:
                 self._release(o.request_id)
-        seconds = time.perf_counter() - t_round
+        seconds = self.clock() - t_round
         self.timings["round"] += seconds
         self.rounds += 1
         B = (self.cost_model.batch_size(lengths) if self.cost_model is not None
              else R * (1 + int(lengths.max())))
         if self.draft_gate is not None:
-            self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, self.cost_model)
+            self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, self.cost_model,
+                                    draft_seconds=t_draft if drafted else None, gamma=gamma)
         self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
                                     t_draft, t_target, seconds)
         return outputs

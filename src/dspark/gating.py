@@ -18,6 +18,13 @@ round of R = 1 commits anywhere from 1 to γ + 1 tokens: too noisy to act on). T
 drafted round, if plain is faster (by ``margin``) the next rounds skip the drafter:
 ``min_backoff`` · (plain / speculative)³ of them, doubling on each consecutive loss up to
 ``max_backoff``; a win resets it.
+
+Before any evidence, a bound: if even a round whose every draft is accepted (R · (γ + 1) tokens in
+the measured draft seconds + t(B_full) from the cost model) would be slower than plain decoding,
+drafting cannot pay at this batch size whatever the acceptance — a target whose verification cost
+grows linearly with the tokens verified (bf16 emulated on an AVX2-only CPU). Then the gate skips
+``hopeless_skip`` rounds at once, without spending ``min_evidence`` drafted rounds to find out, and
+probes only that rarely (a probe re-measures the draft time, which may change).
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
 
@@ -68,9 +75,11 @@ class DraftGate:
     margin: float = field(default=1.1, converter=float, validator=validators.gt(0.0))
     decay: float = field(default=0.2, converter=float, validator=[validators.ge(0.0), validators.lt(1.0)])
     min_evidence: int = field(default=8, validator=[validators.instance_of(int), validators.ge(1)])
+    hopeless_skip: int = field(default=256, validator=[validators.instance_of(int), validators.ge(1)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
+    hopeless_rounds: int = field(default=0, init=False)  # drafted rounds the bound found hopeless
     speculative: dict[int, _Rate] = field(factory=dict, init=False)  # bucket → drafted rounds
     plain: dict[int, _Rate] = field(factory=dict, init=False)  # bucket → plain rounds
 
@@ -83,22 +92,26 @@ class DraftGate:
         return True
 
     def observe(self, num_requests: int, drafted: bool, committed: int, seconds: float,
-                cost_model: CostModel) -> bool:
-        """Record a finished round (R, drafted?, tokens committed, its seconds); returns True when
-        the following rounds will skip drafting."""
+                cost_model: CostModel, draft_seconds: float | None = None, gamma: int = 0) -> bool:
+        """Record a finished round (R, drafted?, tokens committed, its seconds; for drafted rounds
+        optionally the drafting seconds and γ, which enable the bound); returns True when the
+        following rounds will skip drafting."""
         b = batch_bucket(num_requests)
         if not drafted:
             self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
             return False
         spec = self.speculative.setdefault(b, _Rate())
         spec.add(committed, seconds, num_requests, self.decay)
+        plain = self._plain_rate(b, num_requests, cost_model)
+        if draft_seconds is not None and gamma > 0:
+            full = cost_model.batch_size(torch.full((num_requests,), gamma, dtype=torch.long))
+            best = num_requests * (gamma + 1) / (draft_seconds + round_seconds(cost_model, int(full), num_requests))
+            if best < plain:  # even with every draft accepted drafting is slower
+                self.hopeless_rounds += 1
+                self.skip = self.hopeless_skip
+                return True
         if spec.evidence < self.min_evidence:
             return False
-        if b in self.plain:
-            plain = self.plain[b].rate
-        else:  # no plain round measured at this size yet: the cost model's estimate
-            B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
-            plain = num_requests / round_seconds(cost_model, B0, num_requests)
         loss = plain / (self.margin * spec.rate)
         if loss > 1.0:
             # The clearer the loss, the longer the first skip (a probe costs a drafted round plus
@@ -108,3 +121,10 @@ class DraftGate:
             return True
         self.backoff = 0
         return False
+
+    def _plain_rate(self, bucket: int, num_requests: int, cost_model: CostModel) -> float:
+        """Measured plain tokens / s in this bucket; before any plain round: the cost model's R / t(B₀)."""
+        if bucket in self.plain:
+            return self.plain[bucket].rate
+        B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
+        return num_requests / round_seconds(cost_model, B0, num_requests)

@@ -203,7 +203,8 @@ def simulate_level(
                                   int(accepted.sum()), drafted, draft_s, target_s))
         clock += seconds
         if draft_gate is not None:
-            draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model)
+            draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model,
+                               draft_seconds=draft_s if drafted else None, gamma=gamma if drafted else 0)
         still = []
         for q, acc in zip(active, accepted.tolist()):
             rec = q.record
