@@ -160,8 +160,9 @@ def test_gate_compares_measured_speculative_and_plain_rates():
     assert 8 not in g.speculative and not g.observe(8, True, 40, 0.020, cm)  # buckets are apart
     # too little evidence: one round of R = 1 never decides
     assert not DraftGate().observe(1, True, 1, 0.1, cm)
-    # the default margin: plain must win by more than 10 %
-    g = DraftGate(min_evidence=1)
+    # a margin: plain must win by more than 10 % (the default, 1.0, stops at any measured loss)
+    assert DraftGate().margin == 1.0
+    g = DraftGate(min_evidence=1, margin=1.1)
     g.observe(4, False, 4, 0.0105, cm)  # plain 381 tok/s
     assert not g.observe(4, True, 7, 0.020, cm)  # speculative 350: within 10 %, keep drafting
     assert g.observe(4, True, 5, 0.020, cm)  # (0.8·7 + 5) / (0.8·0.02 + 0.02) = 294: skip

@@ -1,0 +1,147 @@
+"""The draft gate on machines whose step times are known (issue: never slower than plain decoding).
+
+The engine reads time through its ``clock``; here that is a virtual clock which the target advances
+by a known verification cost t(B) per step and the drafter by a known draft time per round, so the
+measured rates are exact and the tests are deterministic (no wall-clock timing). The drafter is an
+oracle over the tiny target's own greedy decode, right up to a set number of positions per round:
+the acceptance it yields is known too.
+
+* Verification cost proportional to the tokens verified (bf16 emulated on an AVX2-only CPU, in
+  the extreme): no acceptance can make drafting pay, and the gated engine must stay within 2 % of
+  plain decoding's time — it may probe, rarely.
+* Verification cost affine in the tokens, drafting losing by a few per cent: the gate must find out
+  from the measured rates and stay within 2 % of plain.
+* Flat verification cost (what AVX-512-BF16 gives a 135M model): drafting pays and the gate must
+  keep drafting.
+In every case the output is the target's own greedy decode.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import greedy_decode, tiny_causal_lm
+from dspark.cost_models import SPSTableCostModel
+from dspark.engine import Engine
+from dspark.gating import DraftGate
+from dspark.targets import HFTarget
+from dspark.types import DraftBlock, SamplingParams
+
+GAMMA = 7
+C = 0.010  # seconds of one plain step (one request, one token)
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedTarget:
+    """An HFTarget whose verification advances the clock by t(B), B = Σ (1 + ℓ_r) (packed)."""
+
+    def __init__(self, inner: HFTarget, clock: VirtualClock, step_seconds) -> None:
+        self.inner, self.clock, self.step_seconds = inner, clock, step_seconds
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def verify(self, request_ids, tokens, lengths):
+        out = self.inner.verify(request_ids, tokens, lengths)
+        self.clock.now += self.step_seconds(int((lengths + 1).sum()))
+        return out
+
+
+class OracleDrafter:
+    """Drafts the target's greedy continuation, correct for the first ``right(round)`` positions
+    (later ones are shifted to a wrong token); confident where correct. Costs ``seconds`` per round."""
+
+    name = "oracle"
+
+    def __init__(self, model, clock: VirtualClock, seconds: float, right) -> None:
+        self.model, self.clock, self.seconds, self.right = model, clock, seconds, right
+        self.gamma, self.vocab_size = GAMMA, model.config.vocab_size
+        self.rounds = 0
+
+    def draft(self, ctx) -> DraftBlock:
+        R, V = len(ctx.request_ids), self.vocab_size
+        tokens = torch.empty(R, GAMMA, dtype=torch.long)
+        conf = torch.empty(R, GAMMA)
+        for r, ids in enumerate(ctx.token_ids):
+            cont = torch.tensor(greedy_decode(self.model, ids, GAMMA))  # [γ]
+            k = self.right(self.rounds)
+            cont[k:] = (cont[k:] + 1) % V
+            tokens[r] = cont
+            conf[r] = torch.where(torch.arange(GAMMA) < k, 4.0, -4.0)
+        self.rounds += 1
+        self.clock.now += self.seconds
+        q = torch.nn.functional.one_hot(tokens, V).float()  # [R, γ, V]
+        return DraftBlock(tokens, q, torch.full((R,), GAMMA), conf)
+
+    def release(self, request_id: str) -> None:
+        pass
+
+
+PROMPTS = [torch.tensor([1, 5, 9, 2]), torch.tensor([3, 3, 7]), torch.tensor([8, 1, 4, 4, 6])]
+NEW = 150
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_causal_lm(vocab_size=64, max_positions=512)
+
+
+def _run(model, step_seconds, draft_seconds, right, drafter: bool, gate: bool):
+    """Virtual seconds to decode PROMPTS one after another (concurrency 1), and the engine."""
+    clock = VirtualClock()
+    target = TimedTarget(HFTarget(model), clock, step_seconds)
+    cost = SPSTableCostModel.from_points({q: step_seconds(q) for q in range(1, GAMMA + 2)}, accounting="packed")
+    engine = Engine(target, OracleDrafter(model, clock, draft_seconds, right) if drafter else None,
+                    cost_model=cost, draft_gate=DraftGate() if gate else None, clock=clock)
+    outputs = []
+    for p in PROMPTS:
+        (c,) = engine.generate([p], SamplingParams.greedy(), max_new_tokens=NEW, progress=False)
+        outputs.append(c.output_ids)
+    for p, out in zip(PROMPTS, outputs):
+        assert out == greedy_decode(model, p, len(out)), "speculative output differs from the target's greedy decode"
+    return clock.now, engine
+
+
+def _drafted(engine) -> int:
+    return engine.rounds - engine.draft_gate.skipped_rounds
+
+
+def test_proportional_cost_gate_stays_within_two_percent_of_plain(model):
+    """t(q) = q · C: even a drafter right at every position cannot pay (it commits ≤ q tokens for
+    q · C plus its own time), so the gate stops at once and probes only rarely."""
+    linear = lambda q: C * q  # noqa: E731
+    plain, _ = _run(model, linear, 0.5 * C, lambda i: GAMMA, drafter=False, gate=False)
+    gated, engine = _run(model, linear, 0.5 * C, lambda i: GAMMA, drafter=True, gate=True)
+    assert gated <= 1.02 * plain, f"gated {gated:.3f} s vs plain {plain:.3f} s"
+    assert _drafted(engine) <= 4 and engine.draft_gate.hopeless_rounds >= 1
+    ungated, _ = _run(model, linear, 0.5 * C, lambda i: GAMMA, drafter=True, gate=False)
+    assert ungated > 1.3 * plain  # what the gate saves: drafting every round
+
+
+def test_affine_cost_losing_drafter_gate_stays_within_two_percent_of_plain(model):
+    """t(q) = C · (0.6 + 0.4 q), one draft token accepted a round, drafting 0.8 C: the best
+    schedule (ℓ = 1) commits 2 tokens in 2.2 C, 9 % slower than plain; the bound cannot tell (a
+    drafter right everywhere would pay), so the gate decides from the measured rates."""
+    affine = lambda q: C * (0.6 + 0.4 * q)  # noqa: E731
+    plain, _ = _run(model, affine, 0.8 * C, lambda i: 1, drafter=False, gate=False)
+    gated, engine = _run(model, affine, 0.8 * C, lambda i: 1, drafter=True, gate=True)
+    assert gated <= 1.02 * plain, f"gated {gated:.3f} s vs plain {plain:.3f} s"
+    assert engine.draft_gate.hopeless_rounds == 0 and engine.draft_gate.skipped_rounds > 0.8 * engine.rounds
+
+
+def test_flat_cost_gate_keeps_drafting(model):
+    """t(q) = C for every q ≤ 8: three draft tokens accepted a round (τ = 4) for 0.3 C of drafting
+    pays about 3×; the gate must not stop it."""
+    flat = lambda q: C  # noqa: E731
+    plain, _ = _run(model, flat, 0.3 * C, lambda i: 3, drafter=False, gate=False)
+    gated, engine = _run(model, flat, 0.3 * C, lambda i: 3, drafter=True, gate=True)
+    assert engine.draft_gate.skipped_rounds == 0 and engine.draft_gate.hopeless_rounds == 0
+    assert plain / gated > 2.5, f"speed-up {plain / gated:.2f}"
