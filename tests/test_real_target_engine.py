@@ -118,7 +118,11 @@ def test_generate_cli_prints_text_and_stats(capsys):
     rc = main(["generate", "What is 2+2?", "Name a colour.", "--max-new-tokens", "8", "--json",
                "--drafter", "ngram", "--scheduler", "sps-greedy"])
     assert rc == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    captured = capsys.readouterr()
+    # the dtype is chosen by measurement at start-up and said in one line, with both step times
+    line = next(x for x in captured.err.splitlines() if x.startswith("dtype "))
+    assert "float32" in line and "bfloat16" in line and "the faster plain step" in line
+    rows = [json.loads(line) for line in captured.out.splitlines() if line.startswith("{")]
     assert len(rows) == 2
     for row in rows:
         assert row["new_tokens"] <= 8 and row["tau"] >= 1.0 and isinstance(row["text"], str)
@@ -131,4 +135,5 @@ def test_generate_cli_bad_input_is_one_line(capsys):
     err = capsys.readouterr().err
     assert "top_p must lie in (0, 1]" in err and "Traceback" not in err
     assert main(["generate", "hi", "--drafter", "dsprak"]) == 2
-    assert "unknown drafter 'dsprak'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown drafter 'dsprak'" in err and "dtype " not in err  # refused before the model load

@@ -99,16 +99,25 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _generate_args(p: argparse.ArgumentParser) -> None:
-    p.description = "Generate with speculative decoding and print the text and per-request stats."
+    p.description = (
+        "Generate with speculative decoding and print the text and per-request stats. At start-up the "
+        "target's dtype is chosen by measurement (the faster plain step on this machine, a few seconds) "
+        "unless --dtype fixes it, and the verification profile measured for it is the cost model "
+        "(unless --profile or another --cost-model is given); the draft gate stops drafting where the "
+        "measured rates say it does not pay."
+    )
     p.add_argument("prompts", nargs="+", help="one or more prompts (each a chat user turn)")
     p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="target dtype ('auto': the faster plain step, measured at start-up)")
     p.add_argument("--drafter", default="ngram", help="drafter name (ngram, dspark, dflash, eagle3, plugins) or 'none'")
     p.add_argument("--checkpoint", help="drafter checkpoint folder (neural drafters)")
     p.add_argument("--gamma", type=int, default=7)
     p.add_argument("--scheduler", default="sps-greedy")
     p.add_argument("--cost-model", default="sps-table")
-    p.add_argument("--profile", help="SPS profile JSON for sps-table (default: the shipped CPU profile)")
+    p.add_argument("--profile", help="SPS profile JSON for sps-table (default: measured at start-up)")
+    p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=True,
+                   help="the draft gate: stop drafting where the measured rates say it does not pay")
     p.add_argument("--calibrator", default="identity", help="calibrator name or a fitted calibrator JSON")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -126,12 +135,22 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     import dspark
-    from dspark.engine import Engine
-    from dspark.targets import load_target
+    from dspark.autotune import choose_dtype
+    from dspark.engine import Engine, encode_prompt
+    from dspark.models import load_causal_lm
+
+    from dspark.plugins import lookup
 
     params = dspark.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    target = load_target(args.model, dtype)
+    if args.drafter != "none":
+        lookup("drafters", args.drafter)  # a misspelled name fails before the model load
+    model, tok = load_causal_lm(args.model, torch.float32)
+    longest = max(encode_prompt(tok, p).numel() for p in args.prompts)
+    measured_cost = args.cost_model == "sps-table" and not args.profile
+    choice, target = choose_dtype(model, tok, context=longest + args.max_new_tokens // 2,
+                                  gamma=args.gamma if measured_cost else 0, dtype=args.dtype)
+    del model
+    print(choice.reason, file=sys.stderr)
     if args.drafter == "none":
         drafter = None
     elif args.drafter == "ngram":
@@ -147,9 +166,12 @@ def _generate(args: argparse.Namespace) -> int:
         calibrator = load_calibrator(args.calibrator)
     else:
         calibrator = args.calibrator
-    cost = dspark.get_cost_model(args.cost_model, **({"profile": args.profile} if args.profile else {}))
+    if measured_cost:
+        cost = choice.cost_model(args.model)
+    else:
+        cost = dspark.get_cost_model(args.cost_model, **({"profile": args.profile} if args.profile else {}))
     engine = Engine(target, drafter, scheduler=args.scheduler, cost_model=cost, calibrator=calibrator,
-                    seed=args.seed)
+                    draft_gate=args.gate and drafter is not None, seed=args.seed)
     t0 = time.perf_counter()
     done = engine.generate(args.prompts, params, max_new_tokens=args.max_new_tokens)
     seconds = time.perf_counter() - t0
@@ -162,7 +184,9 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"[{stats['new_tokens']} tokens, {stats['rounds']} rounds, τ = {stats['tau']:.2f}, "
                   f"mean ℓ = {stats['mean_verified']:.2f}, finish: {stats['finish_reason']}]")
     total = sum(len(c.output_ids) for c in done)
-    print(f"{total} tokens in {seconds:.1f} s ({total / seconds:.1f} tok/s)", file=sys.stderr)
+    gate = engine.draft_gate
+    skipped = f", the draft gate skipped the drafter in {gate.skipped_rounds} of {engine.rounds} rounds" if gate else ""
+    print(f"{total} tokens in {seconds:.1f} s ({total / seconds:.1f} tok/s, {choice.dtype}{skipped})", file=sys.stderr)
     return 0
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "unregister",
     "registry",
     "create",
+    "lookup",
     "list_plugins",
     "reset",
 ]
@@ -281,8 +282,9 @@ def registry() -> dict[str, dict[str, Registration]]:
         return _registry
 
 
-def create(kind: str, name: str, /, **config: Any) -> Any:
-    """Build the ``name`` implementation of extension point ``kind`` with ``config``."""
+def lookup(kind: str, name: str, /) -> Registration:
+    """The registration of ``name`` at extension point ``kind``; a clear error when there is none
+    (callers check names this way before a slow model load)."""
     point = EXTENSION_POINTS.get(kind)
     if point is None:
         raise KeyError(f"unknown extension point {kind!r}; known: {', '.join(EXTENSION_POINTS)}")
@@ -295,6 +297,13 @@ def create(kind: str, name: str, /, **config: Any) -> Any:
             + (f" — did you mean {hint[0]!r}?" if hint else "")
             + f" (available: {', '.join(sorted(entries)) or 'none'})"
         )
+    return entry
+
+
+def create(kind: str, name: str, /, **config: Any) -> Any:
+    """Build the ``name`` implementation of extension point ``kind`` with ``config``."""
+    entry = lookup(kind, name)
+    point = EXTENSION_POINTS[kind]
     try:
         obj = entry.factory(**config)
     except (TypeError, ValueError) as exc:
