@@ -146,7 +146,7 @@ def test_run_level_serves_every_request_within_the_concurrency(model, arrival):
 def test_gate_compares_measured_speculative_and_plain_rates():
     assert [batch_bucket(r) for r in (1, 2, 3, 4, 7, 8, 100)] == [1, 2, 2, 4, 4, 8, 64]
     cm = cost_model([(1, 0.010), (4, 0.012), (16, 0.020)])
-    g = DraftGate(min_backoff=2, max_backoff=8, decay=0.5, min_evidence=2, margin=1.0)
+    g = DraftGate(min_backoff=2, max_backoff=8, decay=0.5, min_evidence=2, margin=1.0, probe_budget=0.5)
     assert g.should_draft()
     # drafted: 3 tokens in 20 ms = 150 tok/s; no plain round measured yet → cost model: 2 / t(2) = 187.5
     assert g.observe(2, True, 3, 0.020, cm)  # loss 1.25 → skip ceil(2 · 1.25³) = 4 rounds
@@ -167,7 +167,7 @@ def test_gate_compares_measured_speculative_and_plain_rates():
     assert not g.observe(4, True, 7, 0.020, cm)  # speculative 350: within 10 %, keep drafting
     assert g.observe(4, True, 5, 0.020, cm)  # (0.8·7 + 5) / (0.8·0.02 + 0.02) = 294: skip
     # a narrow loss starts short and doubles: 2, 4, 8, 8
-    g = DraftGate(min_backoff=1, max_backoff=8, decay=0.0, min_evidence=1, margin=1.0)
+    g = DraftGate(min_backoff=1, max_backoff=8, decay=0.0, min_evidence=1, margin=1.0, probe_budget=0.5)
     g.observe(2, False, 2, 2 / 105, cm)
     skips = []
     for _ in range(4):
@@ -175,6 +175,35 @@ def test_gate_compares_measured_speculative_and_plain_rates():
         skips.append(g.skip)
         g.skip = 0
     assert skips == [2, 4, 8, 8]
+
+
+def test_gate_probes_rarely_when_probes_are_expensive_and_uses_the_bound():
+    cm = cost_model([(1, 0.010), (8, 0.080)])  # t(q) = q · 10 ms: proportional
+    # the bound: 8 tokens in 5 ms of drafting + t(8) = 85 ms < plain's 100 tok/s → skip 256 at once
+    g = DraftGate()
+    assert g.observe(1, True, 1, 0.015, cm, draft_seconds=0.005, gamma=7)
+    assert g.skip == 256 and g.hopeless_rounds == 1
+    # a flat cost: full acceptance would pay, so the bound does not decide (one round is no evidence)
+    flat = cost_model([(1, 0.010), (8, 0.011)])
+    g = DraftGate()
+    assert not g.observe(1, True, 1, 0.015, flat, draft_seconds=0.005, gamma=7) and g.hopeless_rounds == 0
+    # an expensive probe: 60 ms for 1 token against plain's 10 ms / token → excess 50 ms; keeping
+    # it under 1 % of plain time needs ≥ 500 skipped rounds, so the doubling goes past 64
+    g = DraftGate(min_backoff=1, decay=0.0, min_evidence=1)
+    g.observe(1, False, 1, 0.010, flat)
+    skips = []
+    for _ in range(6):
+        assert g.observe(1, True, 1, 0.060, flat, expected=1.0)
+        skips.append(g.skip)
+        g.skip = 0
+    assert skips == [216, 432, 500, 500, 500, 500]  # loss 6 → 1 · 6³ = 216 first
+    # a cheap probe (excess 1 ms → 10 rounds) keeps max_backoff as the cap
+    g = DraftGate(min_backoff=1, decay=0.0, min_evidence=1)
+    g.observe(1, False, 1, 0.010, flat)
+    for _ in range(12):
+        g.observe(1, True, 1, 0.011, flat, expected=1.0)
+        top, g.skip = g.skip, 0
+    assert top == 64
 
 
 @pytest.mark.parametrize("kind", ["dspark", "eagle3"])

@@ -329,3 +329,36 @@ def test_smollm2_batched_equals_single_request():
         for i, rid in enumerate(ids):
             single.rollback([rid], torch.tensor([keep[i]]))
         anchors = torch.tensor(nxt)[:, None]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_hooked_capture_equals_hf_hidden_states_and_prefill_can_skip_logits(arch):
+    """Captured features come from forward hooks (decoder layer k; the final norm for the last
+    layer) and must equal HF's own ``hidden_states[k + 1]`` for every layer; ``logits=False``
+    returns an empty logits tensor and the same cache and features."""
+    model = _tiny(arch)
+    every = tuple(range(3))
+    hooked = HFTarget(model, capture_layers=every)
+    assert hooked._capture_modules is not None and hooked._capture_modules[2] is model.model.norm
+    prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    with torch.no_grad():
+        ref = model(prompt[None], output_hidden_states=True)
+    out = hooked.prefill(["a"], [prompt])
+    for k in every:
+        torch.testing.assert_close(out.hidden_states[k][0], ref.hidden_states[k + 1][0, :-1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(out.logits[0], ref.logits[0, :-1], rtol=1e-5, atol=1e-5)
+    lean = HFTarget(model, capture_layers=every)
+    quick = lean.prefill(["a"], [prompt], logits=False)
+    assert quick.logits.shape == (1, 0, VOCAB)
+    for k in every:
+        torch.testing.assert_close(quick.hidden_states[k], out.hidden_states[k], rtol=0, atol=0)
+    step_a = hooked.verify(["a"], prompt[-1:][None], torch.tensor([0]))
+    step_b = lean.verify(["a"], prompt[-1:][None], torch.tensor([0]))
+    torch.testing.assert_close(step_a.logits, step_b.logits, rtol=0, atol=0)
+    torch.testing.assert_close(step_a.logits[0, 0], ref.logits[0, -1], rtol=1e-5, atol=1e-5)
+    # a model without the usual layers / norm layout falls back to output_hidden_states
+    fallback = HFTarget(model, capture_layers=every)
+    fallback._capture_modules = None
+    fb = fallback.prefill(["a"], [prompt])
+    for k in every:
+        torch.testing.assert_close(fb.hidden_states[k], out.hidden_states[k], rtol=0, atol=0)

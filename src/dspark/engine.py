@@ -218,7 +218,7 @@ class Engine:
         eos = getattr(getattr(self.target, "tokenizer", None), "eos_token_id", None)
         if eos is not None:
             stops.add(int(eos))
-        out = self.target.prefill([rid], [ids])
+        out = self.target.prefill([rid], [ids], logits=False)  # only the cache and features are used
         req = _Request(rid, ids, ids.numel(), sampling, max_new_tokens, frozenset(stops),
                        torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(rid.encode())))
         feats = self._features(out, 0, int(out.lengths[0]))
@@ -341,7 +341,8 @@ class Engine:
              else R * (1 + int(lengths.max())))
         if self.draft_gate is not None:
             self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, self.cost_model,
-                                    draft_seconds=t_draft if drafted else None, gamma=gamma)
+                                    draft_seconds=t_draft if drafted else None, gamma=gamma,
+                                    expected=float(expected) if drafted else None)
         self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
                                     t_draft, t_target, seconds)
         return outputs

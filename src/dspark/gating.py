@@ -6,18 +6,27 @@ forward is pure overhead; "never below plain decoding" needs the engine to skip 
 
 The gate compares measured rates, per batch-size bucket (R rounded down to a power of two):
 
-    speculative rate  = Σ committed tokens / Σ seconds over drafted rounds
+    speculative rate  = Σ τ̂ / Σ seconds over drafted rounds  ×  ρ
     plain rate        = Σ R / Σ seconds over plain rounds
                         (before any plain round of this bucket ran: R / t(B₀) from the cost model)
 
 both sums exponentially decayed (``decay`` per round of that kind), so the rates follow a changing
-workload. Measured, because what decides is the whole round — drafting, the drafter catching up
+workload. τ̂ is the scheduler's expected committed tokens of the round (from the calibrated
+confidences); ρ = Σ committed / Σ τ̂ over a long window (``calibration_decay``) corrects it for
+miscalibration. Why not the committed tokens themselves: at R = 1 a round commits anywhere from 1 to
+γ + 1 tokens, so a few rounds' committed count is mostly noise and one unlucky probe would keep the
+drafter off for long; τ̂ is a low-noise estimate of the same expectation, and ρ keeps it honest.
+(Rounds observed without τ̂ fall back to the committed tokens.) Measured, because what decides is the whole round — drafting, the drafter catching up
 on skipped tokens, verification, sampling — and the calibrated τ̂ and the cost model describe only
 part of it. A bucket decides only once it has seen ``min_evidence`` drafted request-rounds (one
 round of R = 1 commits anywhere from 1 to γ + 1 tokens: too noisy to act on). Then, after each
 drafted round, if plain is faster (by ``margin``) the next rounds skip the drafter:
 ``min_backoff`` · (plain / speculative)³ of them, doubling on each consecutive loss up to
-``max_backoff``; a win resets it.
+``max_backoff``; a win resets it. Where a probe is expensive (a slow drafter, e.g. bf16 emulated
+on an AVX2-only CPU, where the drafter catching up on the skipped tokens costs several plain steps)
+the doubling may go past ``max_backoff``, up to the skip that keeps the probes' excess time under
+``probe_budget`` (1 %) of plain decoding: excess / (probe_budget · plain round seconds), the
+excess being the losing round's seconds beyond what plain decoding needs for its tokens.
 
 Before any evidence, a bound: if even a round whose every draft is accepted (R · (γ + 1) tokens in
 the measured draft seconds + t(B_full) from the cost model) would be slower than plain decoding,
@@ -76,13 +85,17 @@ class DraftGate:
     margin: float = field(default=1.0, converter=float, validator=validators.gt(0.0))
     decay: float = field(default=0.2, converter=float, validator=[validators.ge(0.0), validators.lt(1.0)])
     min_evidence: int = field(default=8, validator=[validators.instance_of(int), validators.ge(1)])
+    probe_budget: float = field(default=0.01, converter=float, validator=[validators.gt(0.0), validators.lt(1.0)])
     hopeless_skip: int = field(default=256, validator=[validators.instance_of(int), validators.ge(1)])
+    calibration_decay: float = field(default=0.02, converter=float,
+                                     validator=[validators.ge(0.0), validators.lt(1.0)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
     hopeless_rounds: int = field(default=0, init=False)  # drafted rounds the bound found hopeless
     speculative: dict[int, _Rate] = field(factory=dict, init=False)  # bucket → drafted rounds
     plain: dict[int, _Rate] = field(factory=dict, init=False)  # bucket → plain rounds
+    calibration: _Rate = field(factory=_Rate, init=False)  # committed ("tokens") vs τ̂ ("seconds")
 
     def should_draft(self) -> bool:
         """Call once per round; False consumes one skipped round."""
@@ -93,16 +106,21 @@ class DraftGate:
         return True
 
     def observe(self, num_requests: int, drafted: bool, committed: int, seconds: float,
-                cost_model: CostModel, draft_seconds: float | None = None, gamma: int = 0) -> bool:
+                cost_model: CostModel, draft_seconds: float | None = None, gamma: int = 0,
+                expected: float | None = None) -> bool:
         """Record a finished round (R, drafted?, tokens committed, its seconds; for drafted rounds
-        optionally the drafting seconds and γ, which enable the bound); returns True when the
-        following rounds will skip drafting."""
+        optionally the drafting seconds and γ, which enable the bound, and the scheduler's τ̂);
+        returns True when the following rounds will skip drafting."""
         b = batch_bucket(num_requests)
         if not drafted:
             self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
             return False
         spec = self.speculative.setdefault(b, _Rate())
-        spec.add(committed, seconds, num_requests, self.decay)
+        if expected is None:
+            spec.add(committed, seconds, num_requests, self.decay)
+        else:
+            spec.add(expected, seconds, num_requests, self.decay)
+            self.calibration.add(committed, expected, num_requests, self.calibration_decay)
         plain = self._plain_rate(b, num_requests, cost_model)
         if draft_seconds is not None and gamma > 0:
             full = cost_model.batch_size(torch.full((num_requests,), gamma, dtype=torch.long))
@@ -113,15 +131,24 @@ class DraftGate:
                 return True
         if spec.evidence < self.min_evidence:
             return False
-        loss = plain / (self.margin * spec.rate)
+        loss = plain / (self.margin * spec.rate * self._rho())
         if loss > 1.0:
             # The clearer the loss, the longer the first skip (a probe costs a drafted round plus
-            # the drafter catching up): min_backoff · loss³, doubling on each further loss.
-            self.skip = min(max(self.backoff, math.ceil(self.min_backoff * loss**3)), self.max_backoff)
-            self.backoff = min(2 * self.skip, self.max_backoff)
+            # the drafter catching up): min_backoff · loss³, doubling on each further loss up to
+            # max_backoff, or further while a probe costs more than probe_budget of the skip.
+            tokens = (expected if expected is not None else committed) * self._rho()
+            excess = max(seconds - tokens / plain, 0.0)
+            cap = max(self.max_backoff, math.ceil(excess * plain / (num_requests * self.probe_budget)))
+            self.skip = min(max(self.backoff, math.ceil(self.min_backoff * loss**3)), cap)
+            self.backoff = min(2 * self.skip, cap)
             return True
         self.backoff = 0
         return False
+
+    def _rho(self) -> float:
+        """Committed / expected tokens over the long window (1 until there is evidence)."""
+        c = self.calibration
+        return c.tokens / c.seconds if c.evidence >= self.min_evidence and c.seconds > 0 else 1.0
 
     def _plain_rate(self, bucket: int, num_requests: int, cost_model: CostModel) -> float:
         """Measured plain tokens / s in this bucket; before any plain round: the cost model's R / t(B₀)."""

@@ -59,6 +59,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import functools
+
 import torch
 
 from dspark.drafters.config import default_layer_ids
@@ -141,11 +143,21 @@ def _batch_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], p
 class _Request:
     """One request's KV store: kv [L, 2, H, capacity, d] and its valid length."""
 
-    __slots__ = ("kv", "length")
+    __slots__ = ("kv", "length", "_views")
 
     def __init__(self, kv: torch.Tensor) -> None:
         self.kv = kv
         self.length = 0
+        self._views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def layer_views(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer key and value views [1, H, capacity, d] into kv, made once per allocation
+        (60 views a step are ~1 % of a 135M model's CPU step)."""
+        if self._views is None:
+            L = self.kv.shape[0]
+            self._views = ([self.kv[i, 0].unsqueeze(0) for i in range(L)],
+                           [self.kv[i, 1].unsqueeze(0) for i in range(L)])
+        return self._views
 
     def reserve(self, needed: int, limit: int) -> None:
         capacity = self.kv.shape[3]
@@ -157,6 +169,12 @@ class _Request:
         grown = self.kv.new_empty(shape)
         grown[:, :, :, : self.length].copy_(self.kv[:, :, :, : self.length])
         self.kv = grown
+        self._views = None
+
+
+def _keep_output(store: dict[int, torch.Tensor], key: int, module: Any, args: Any, output: Any) -> None:
+    """Forward hook: keep a module's output hidden state [R, q, d] under ``key``."""
+    store[key] = output[0] if isinstance(output, tuple) else output
 
 
 def _int_vector(name: str, value: Any, size: int) -> torch.Tensor:
@@ -210,6 +228,21 @@ class HFTarget:
         if len(set(ids)) != len(ids):
             raise ValueError(f"capture layer ids {list(ids)} contain duplicates")
         self.capture_layers = ids
+        self._capture_modules = self._find_capture_modules(ids)
+
+    def _find_capture_modules(self, ids: tuple[int, ...]) -> dict[int, Any] | None:
+        """The modules whose outputs are HF's ``hidden_states[k + 1]``: decoder layer k, and for the
+        last layer the final norm (HF reports the last hidden state after it). Capturing them with
+        forward hooks costs nothing measurable; ``output_hidden_states`` collects every layer's
+        state (~2 % of a SmolLM2 bf16 step on CPU). None (fall back to it) when the model does not
+        have the usual ``layers`` / ``norm`` layout."""
+        if not ids:
+            return {}
+        base = getattr(self.model, "model", None)
+        layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
+        if layers is None or norm is None or len(layers) != self.num_layers:
+            return None
+        return {k: norm if k == self.num_layers - 1 else layers[k] for k in ids}
 
     @torch.inference_mode()
     def _probe_kv_layout(self) -> None:
@@ -291,12 +324,16 @@ class HFTarget:
     # ---------------------------------------------------------------- protocol
 
     @torch.inference_mode()
-    def prefill(self, request_ids: Sequence[Any], token_ids: Sequence[torch.Tensor]) -> TargetOutput:
+    def prefill(self, request_ids: Sequence[Any], token_ids: Sequence[torch.Tensor], *,
+                logits: bool = True) -> TargetOutput:
         """Register requests and cache every prompt token but the last (the anchor).
 
         Returns the logits (and captured hidden states) at the n_r − 1 cached prompt positions,
-        right-padded: ``logits`` [R, max n_r − 1, V], ``lengths`` = n_r − 1.
+        right-padded: ``logits`` [R, max n_r − 1, V], ``lengths`` = n_r − 1. ``logits=False`` skips
+        the LM head over the prompt (``logits`` [R, 0, V]): the engine needs only the cache and the
+        hidden states, and on a CPU the LM head over a 50-token prompt is ~20 % of its prefill.
         """
+        want_logits = logits
         ids = list(request_ids)
         prompts = list(token_ids)
         if len(ids) != len(prompts):
@@ -332,14 +369,14 @@ class HFTarget:
             tokens = torch.zeros(len(run), width, dtype=torch.long)  # [R_run, width]
             for j, i in enumerate(run):
                 tokens[j, : lengths[i]] = rows[i][:-1]
-            out_logits, out_hidden = self._forward([reqs[i] for i in run], tokens, lengths[run])
+            out_logits, out_hidden = self._forward([reqs[i] for i in run], tokens, lengths[run], want_logits)
         for rid, req in zip(ids, reqs):  # registered only once the forward succeeded
             self._requests[rid] = req
         if len(run) == len(ids) and out_logits is not None:
             logits, hidden = out_logits, out_hidden
         else:  # some rows had nothing to run: scatter into zero rows
             dtype = out_logits.dtype if out_logits is not None else self._kv_dtype
-            logits = torch.zeros(len(ids), width, self.vocab_size, dtype=dtype, device=self._device)
+            logits = torch.zeros(len(ids), width if want_logits else 0, self.vocab_size, dtype=dtype, device=self._device)
             hidden = {
                 k: torch.zeros(len(ids), width, self.hidden_size, dtype=dtype, device=self._device)
                 for k in self.capture_layers
@@ -428,12 +465,13 @@ class HFTarget:
 
 
     def _forward(
-        self, reqs: list[_Request], tokens: torch.Tensor, q_lens: torch.Tensor
+        self, reqs: list[_Request], tokens: torch.Tensor, q_lens: torch.Tensor, logits: bool = True
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """One padded forward of ``tokens`` [R, q] (row r valid up to q_lens[r]) after each past.
 
-        Appends the valid new K/V to each request; returns logits [R, q, V] and hidden states
-        {k: [R, q, d]}, both zero at padded positions.
+        Appends the valid new K/V to each request; returns logits [R, q, V] (``logits=False``:
+        [R, 0, V], the LM head over the last position only) and hidden states {k: [R, q, d]}, both
+        zero at padded positions.
         """
         R, q = tokens.shape
         past = torch.tensor([req.length for req in reqs], dtype=torch.long)  # [R]
@@ -442,9 +480,7 @@ class HFTarget:
         if R == 1:
             req = reqs[0]
             req.reserve(P + q, self.max_context)
-            kv = req.kv  # [L, 2, H, cap, d]: the forward writes straight into it
-            keys = [kv[i, 0].unsqueeze(0) for i in range(self.num_layers)]  # [1, H, cap, d]
-            values = [kv[i, 1].unsqueeze(0) for i in range(self.num_layers)]
+            keys, values = req.layer_views()  # L × [1, H, cap, d]: the forward writes straight into kv
             mask = None
         else:
             shape = (self.num_layers, 2, R, self._kv_heads, P + q, self._head_dim)
@@ -462,14 +498,22 @@ class HFTarget:
             mask = mask.to(dev)
         cache = _batch_cache(keys, values, P)
         position_ids = (past[:, None] + torch.arange(q)[None, :]).to(dev)  # [R, q]
-        out = self.model(
-            input_ids=tokens.to(dev),
-            attention_mask=mask,
-            position_ids=position_ids,
-            use_cache=True,
-            output_hidden_states=bool(self.capture_layers),
-            **{self._cache_arg: cache},
-        )
+        caught: dict[int, torch.Tensor] = {}
+        hooks = [m.register_forward_hook(functools.partial(_keep_output, caught, k))
+                 for k, m in (self._capture_modules or {}).items()]
+        try:
+            out = self.model(
+                input_ids=tokens.to(dev),
+                attention_mask=mask,
+                position_ids=position_ids,
+                use_cache=True,
+                output_hidden_states=bool(self.capture_layers) and self._capture_modules is None,
+                **{self._cache_arg: cache},
+                **({} if logits else {"logits_to_keep": 1}),
+            )
+        finally:
+            for h in hooks:
+                h.remove()
         if R == 1:
             reqs[0].length += int(q_lens[0])
         else:
@@ -477,8 +521,9 @@ class HFTarget:
                 req.reserve(req.length + n, self.max_context)
                 req.kv[:, :, :, req.length : req.length + n].copy_(buf[:, :, r, :, P : P + n])
                 req.length += n
-        logits = out.logits  # [R, q, V]
-        hidden = {k: out.hidden_states[k + 1] for k in self.capture_layers}  # {k: [R, q, d]}
+        logits = out.logits if logits else out.logits[:, :0]  # [R, q, V] (or [R, 0, V])
+        hidden = ({k: caught[k] for k in self.capture_layers} if self._capture_modules is not None
+                  else {k: out.hidden_states[k + 1] for k in self.capture_layers})  # {k: [R, q, d]}
         pad = torch.arange(q)[None, :] >= q_lens[:, None]  # [R, q]
         if bool(pad.any()):
             pad = pad.to(dev)[..., None]

@@ -204,7 +204,8 @@ def simulate_level(
         clock += seconds
         if draft_gate is not None:
             draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model,
-                               draft_seconds=draft_s if drafted else None, gamma=gamma if drafted else 0)
+                               draft_seconds=draft_s if drafted else None, gamma=gamma if drafted else 0,
+                               expected=float(plan.expected_tokens) if drafted else None)
         still = []
         for q, acc in zip(active, accepted.tolist()):
             rec = q.record

@@ -30,7 +30,9 @@ class TargetModel(Protocol):
     (``tokens`` [R, 1 + γ], right-padded; ``lengths`` [R] = ℓ_r) in one forward and returns the
     target logits at the 1 + ℓ_r positions. ``rollback`` keeps the first ``keep`` cached tokens of
     each request (discarding rejected draft positions). ``accounting`` says whether the verification
-    forward is ``"packed"`` or ``"padded"``, for the cost model.
+    forward is ``"packed"`` or ``"padded"``, for the cost model. ``prefill(..., logits=False)``
+    may skip the LM head over the prompt (``logits`` [R, 0, V]); the engine asks for the cache and
+    hidden states only.
     """
 
     vocab_size: int
@@ -39,7 +41,8 @@ class TargetModel(Protocol):
     max_context: int
     accounting: str
 
-    def prefill(self, request_ids: Sequence[str], token_ids: Sequence[torch.Tensor]) -> TargetOutput: ...
+    def prefill(self, request_ids: Sequence[str], token_ids: Sequence[torch.Tensor], *,
+                logits: bool = True) -> TargetOutput: ...
 
     def verify(
         self, request_ids: Sequence[str], tokens: torch.Tensor, lengths: torch.Tensor
