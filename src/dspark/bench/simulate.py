@@ -177,7 +177,7 @@ def simulate_level(
             clock = max(clock, arrivals[pending[0]])
             continue
         R = len(active)
-        drafted = not spec.plain and (draft_gate is None or draft_gate.should_draft())
+        drafted = not spec.plain and (draft_gate is None or draft_gate.should_draft([q.record.request_id for q in active]))
         draft_s = 0.0
         if drafted:
             gamma = active[0].trace.confidence_logits.shape[1]
