@@ -160,8 +160,8 @@ def test_gate_compares_measured_speculative_and_plain_rates():
     assert 8 not in g.speculative and not g.observe(8, True, 40, 0.020, cm)  # buckets are apart
     # too little evidence: one round of R = 1 never decides
     assert not DraftGate().observe(1, True, 1, 0.1, cm)
-    # a margin: plain must win by more than 10 % (the default, 1.0, stops at any measured loss)
-    assert DraftGate().margin == 1.0
+    # a margin: plain must win by more than 10 % here (the default is 5 %)
+    assert DraftGate().margin == 1.05
     g = DraftGate(min_evidence=1, margin=1.1)
     g.observe(4, False, 4, 0.0105, cm)  # plain 381 tok/s
     assert not g.observe(4, True, 7, 0.020, cm)  # speculative 350: within 10 %, keep drafting
@@ -189,7 +189,7 @@ def test_gate_probes_rarely_when_probes_are_expensive_and_uses_the_bound():
     assert not g.observe(1, True, 1, 0.015, flat, draft_seconds=0.005, gamma=7) and g.hopeless_rounds == 0
     # an expensive probe: 60 ms for 1 token against plain's 10 ms / token → excess 50 ms; keeping
     # it under 1 % of plain time needs ≥ 500 skipped rounds, so the doubling goes past 64
-    g = DraftGate(min_backoff=1, decay=0.0, min_evidence=1)
+    g = DraftGate(min_backoff=1, decay=0.0, min_evidence=1, probe_budget=0.01, margin=1.0)
     g.observe(1, False, 1, 0.010, flat)
     skips = []
     for _ in range(6):
@@ -198,7 +198,7 @@ def test_gate_probes_rarely_when_probes_are_expensive_and_uses_the_bound():
         g.skip = 0
     assert skips == [216, 432, 500, 500, 500, 500]  # loss 6 → 1 · 6³ = 216 first
     # a cheap probe (excess 1 ms → 10 rounds) keeps max_backoff as the cap
-    g = DraftGate(min_backoff=1, decay=0.0, min_evidence=1)
+    g = DraftGate(min_backoff=1, decay=0.0, min_evidence=1, probe_budget=0.01, margin=1.0)
     g.observe(1, False, 1, 0.010, flat)
     for _ in range(12):
         g.observe(1, True, 1, 0.011, flat, expected=1.0)
