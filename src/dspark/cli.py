@@ -138,7 +138,6 @@ def _generate(args: argparse.Namespace) -> int:
     from dspark.autotune import choose_dtype
     from dspark.engine import Engine, encode_prompt
     from dspark.models import load_causal_lm
-
     from dspark.plugins import lookup
 
     params = dspark.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)

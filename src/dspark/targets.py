@@ -56,10 +56,9 @@ Needs transformers ≥ 5 (the ``Cache.layers`` / ``DynamicLayer`` API).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
-
-import functools
 
 import torch
 
