@@ -29,12 +29,24 @@ def main() -> None:
     ap.add_argument("--eval", default="runs/eval")
     ap.add_argument("--demo", default="out/demo")
     ap.add_argument("--docs", default="docs")
+    ap.add_argument("--cpu-demo", action="append", default=[],
+                    help="a dspark demo folder per kind of CPU (repeatable): the speed-by-CPU table")
     a = ap.parse_args()
     runs, ev, docs = Path(a.runs), Path(a.eval), Path(a.docs)
     figs = docs / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     results = json.loads((ev / "eval.json").read_text())
     out = ["# Results: trained drafters for SmolLM2-135M-Instruct on a 2-core CPU", ""]
+    if a.cpu_demo:  # the same table scripts/speed_by_cpu.py prints
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from speed_by_cpu import markdown, plot, rows
+
+        table = rows([Path(d) for d in a.cpu_demo])
+        plot(table, figs / "speed_by_cpu.png")
+        out += ["## Speed-up by kind of CPU", "", *markdown(table), "",
+                "![speed-up by kind of CPU](figures/speed_by_cpu.png)", ""]
 
     # -- training settings --------------------------------------------------------------------
     out += ["## Training (same data, same batches, same number of steps for every drafter; "

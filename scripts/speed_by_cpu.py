@@ -27,7 +27,9 @@ def rows(folders: list[Path]) -> list[dict]:
             "plain_ms": {k: 1e3 * v for k, v in ch["plain_step_seconds"].items()},
             "t1_ms": 1e3 * prof[1], "tmax_ms": 1e3 * prof[max(prof)], "qmax": max(prof),
             "speedup": sp["speedup_vs_best_plain"], "baseline": sp["baseline"], "tau": sp["mean_tau"],
-            "drafted": 1 - gate["skipped"] / max(gate["rounds"], 1), "command": d["command"],
+            "drafted": 1 - gate["skipped"] / max(gate["rounds"], 1),
+            # the ISA caps are environment variables: they belong to the command
+            "command": " ".join([*m.get("isa_caps", []), d["command"]]),
         })
     return out
 
@@ -52,8 +54,8 @@ def plot(table: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 0.9 + 0.7 * len(table)))
-    labels = [f"{r['kind']}\n{r['dtype']}" for r in table]
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.8 * len(table)))
+    labels = [f"{r['kind'].split(' — ')[0]}\n{r['dtype']}" for r in table]
     ax.barh(labels, [r["speedup"] for r in table], color=["tab:green" if r["speedup"] >= 1 else "tab:red" for r in table])
     ax.axvline(1.0, color="k", lw=1, ls="--")
     for i, r in enumerate(table):

@@ -204,7 +204,9 @@ def run_demo(args: argparse.Namespace) -> int:
                   "median_seconds": med, "baseline": "hf_generate" if med["hf_generate"] <= med["engine_plain"] else "engine_plain",
                   "speedup_vs_best_plain": speedup, "mean_tau": statistics.mean(taus),
                   "prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
-        "command": "dspark demo " + " ".join(_flag(k, v) for k, v in vars(args).items() if k not in ("func", "command")),
+        # ISA caps in the environment (they emulate an older CPU) are part of the command
+        "command": " ".join([*choice.machine.caps, "dspark demo"]) + " "
+        + " ".join(_flag(k, v) for k, v in vars(args).items() if k not in ("func", "command")),
     }
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
     md = _markdown(result)
