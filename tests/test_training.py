@@ -292,6 +292,26 @@ def test_resume_refuses_a_corrupt_or_foreign_state(model, tmp_path):
         Trainer(make(model, "dflash", seqs), data, cfg, tmp_path, progress=False).resume()
 
 
+class _Planted:
+    """A pickle that runs code when unpickled (what a hostile state.pt would hold)."""
+
+    def __reduce__(self):
+        return (_ran.append, ("code ran",))
+
+
+_ran: list[str] = []
+
+
+def test_resume_never_unpickles_a_planted_state(model, tmp_path):
+    seqs, pls = tiny_data()
+    data = TrainData(seqs, pls, model=model, top_k=8)
+    cfg = TrainConfig.for_kind("dflash", steps=2, seqs_per_step=2, anchors_per_seq=2)
+    torch.save({"step": 1, "payload": _Planted()}, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match="not a dspark training state"):
+        Trainer(make(model, "dflash", seqs), data, cfg, tmp_path, progress=False).resume()
+    assert _ran == [], "resume unpickled an arbitrary object"
+
+
 def test_feature_cache_equals_online_teacher(model, tmp_path):
     seqs, pls = tiny_data(5)
     cache = build_feature_cache(model, seqs, tmp_path, [1, 3, 4], batch_size=2, shard_size=2, progress=False)

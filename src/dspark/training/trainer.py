@@ -260,9 +260,15 @@ class Trainer:
         if not self.state_path.is_file():
             return False
         try:
-            st = torch.load(self.state_path, map_location="cpu", weights_only=False)
+            # weights_only: tensors and plain containers only. Nothing is unpickled, so a planted
+            # state.pt cannot run code; what this trainer writes loads this way.
+            st = torch.load(self.state_path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise ValueError(f"{self.state_path} is corrupt ({exc}); move it away to start over") from None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"{self.state_path} is corrupt or not a dspark training state (it holds more "
+                             f"than tensors and plain values: {first}); move it away to start over") from None
+        if not isinstance(st, dict):
+            raise ValueError(f"{self.state_path} is not a dspark training state; move it away to start over")
         if st.get("drafter_config") != self.drafter.config.to_dict():
             raise ValueError(f"{self.state_path} was written for another drafter config; use another --out")
         if st.get("config", {}).get("seed") != self.cfg.seed:
