@@ -175,6 +175,14 @@ def test_checkpoint_errors(tmp_path):
     with pytest.raises(ValueError, match="holds a dspark drafter, not dflash"):
         save_pretrained(d, tmp_path / "ok2")
         dspark.get_drafter("dflash", target=t, checkpoint=tmp_path / "ok2")
+    # a checkpoint fixes the configuration: extra keys are refused, not ignored
+    with pytest.raises(ValueError, match="bogus, gamma cannot be set with it"):
+        dspark.get_drafter("dspark", target=t, checkpoint=tmp_path / "ok2", gamma=3, bogus=1)
+    # γ is bounded (q is [γ, V] per request and round)
+    with pytest.raises(ValueError, match="'gamma' must be <= 64"):
+        DrafterConfig.for_target(t.config, "dflash", gamma=1000)
+    with pytest.raises(ValueError, match="'gamma' must be <= 64"):
+        dspark.get_drafter("ngram", vocab_size=64, gamma=65)
 
 
 def test_build_drafter_needs_a_bound_target():

@@ -137,3 +137,12 @@ def test_generate_cli_bad_input_is_one_line(capsys):
     assert main(["generate", "hi", "--drafter", "dsprak"]) == 2
     err = capsys.readouterr().err
     assert "unknown drafter 'dsprak'" in err and "dtype " not in err  # refused before the model load
+    # refused before the model load too: empty prompts, --gamma with a checkpoint, γ out of range
+    for argv, message in ((["generate", ""], "prompt 1 is empty"),
+                          (["generate", "hi", "  "], "prompt 2 is empty"),
+                          (["generate", "hi", "--drafter", "dspark", "--checkpoint", "dspark-vanilla-ref",
+                            "--gamma", "3"], "--gamma cannot be combined with --checkpoint"),
+                          (["generate", "hi", "--gamma", "1000"], "--gamma must lie in 1..64")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "dtype " not in err and "Traceback" not in err, err

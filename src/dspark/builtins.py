@@ -16,6 +16,11 @@ def _neural(kind: str):
         if checkpoint is not None:
             from dspark.checkpoints import locate
 
+            if config:  # a trained drafter's shape is its checkpoint's: nothing may be ignored silently
+                raise ValueError(
+                    f"checkpoint= fixes the drafter's configuration (its block size γ included); "
+                    f"{', '.join(sorted(config))} cannot be set with it")
+
             checkpoint = locate(checkpoint)  # a folder, or a shipped drafter's name ("dspark-gated")
             drafter = from_pretrained(checkpoint, target)
             if drafter.config.kind.split("-")[0] != kind.split("-")[0]:  # eagle3 also loads eagle3-fused

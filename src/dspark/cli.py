@@ -112,7 +112,7 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                    help="target dtype ('auto': the faster plain step, measured at start-up)")
     p.add_argument("--drafter", default="ngram", help="drafter name (ngram, dspark, dflash, eagle3, plugins) or 'none'")
     p.add_argument("--checkpoint", help="drafter checkpoint folder (neural drafters)")
-    p.add_argument("--gamma", type=int, default=7)
+    p.add_argument("--gamma", type=int, help="draft block size γ (default 7; a --checkpoint fixes its own)")
     p.add_argument("--scheduler", default="sps-greedy")
     p.add_argument("--cost-model", default="sps-table")
     p.add_argument("--profile", help="SPS profile JSON for sps-table (default: measured at start-up)")
@@ -141,23 +141,34 @@ def _generate(args: argparse.Namespace) -> int:
     from dspark.plugins import lookup
 
     params = dspark.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    # everything that can be checked without the model is checked before its load
+    empty = [i + 1 for i, p in enumerate(args.prompts) if not p.strip()]
+    if empty:
+        raise ValueError(f"prompt {', '.join(map(str, empty))} is empty")
     if args.drafter != "none":
         lookup("drafters", args.drafter)  # a misspelled name fails before the model load
+    if args.checkpoint and args.gamma is not None:
+        raise ValueError("--gamma cannot be combined with --checkpoint: the checkpoint fixes its block size γ")
+    gamma = 7 if args.gamma is None else args.gamma
+    from dspark.drafters.config import MAX_GAMMA
+
+    if not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(f"--gamma must lie in 1..{MAX_GAMMA}, got {gamma}")
     model, tok = load_causal_lm(args.model, torch.float32)
     longest = max(encode_prompt(tok, p).numel() for p in args.prompts)
     measured_cost = args.cost_model == "sps-table" and not args.profile
     choice, target = choose_dtype(model, tok, context=longest + args.max_new_tokens // 2,
-                                  gamma=args.gamma if measured_cost else 0, dtype=args.dtype)
+                                  gamma=gamma if measured_cost else 0, dtype=args.dtype)
     del model
     print(choice.reason, file=sys.stderr)
     if args.drafter == "none":
         drafter = None
     elif args.drafter == "ngram":
-        drafter = dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=args.gamma)
+        drafter = dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=gamma)
     elif args.checkpoint:
         drafter = dspark.get_drafter(args.drafter, target=target, checkpoint=args.checkpoint)
     else:
-        drafter = dspark.get_drafter(args.drafter, target=target, gamma=args.gamma)
+        drafter = dspark.get_drafter(args.drafter, target=target, gamma=gamma)
         print(f"note: {args.drafter} drafter without --checkpoint is untrained (random weights)", file=sys.stderr)
     if os.path.isfile(args.calibrator):
         from dspark.calibration import load_calibrator

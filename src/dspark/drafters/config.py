@@ -12,6 +12,9 @@ from dspark.drafters.layers import LayerShape
 __all__ = ["TargetInfo", "DrafterConfig", "default_layer_ids"]
 
 KINDS = ("dspark", "dflash", "eagle3", "eagle3-fused")
+# The largest block size γ: a request keeps q [γ, V] per round (V = 49k: 64 × 49k floats ≈ 12 MB);
+# γ = 1000 would be ~200 MB a request and no acceptance profile reaches that far.
+MAX_GAMMA = 64
 # "silu-markov" and "eagle3-fused" are dspark's pre-reference variants (docs/interop.md): kept so
 # the checkpoints written in format_version 1 still load; new drafters use the reference forms.
 HEADS = ("vanilla-markov", "gated-markov", "rnn", "silu-markov")
@@ -102,7 +105,7 @@ class DrafterConfig:
     target: TargetInfo = field(converter=lambda v: v if isinstance(v, TargetInfo) else TargetInfo(**v))
     target_layer_ids: tuple[int, ...] = field(converter=tuple)
     num_layers: int = field(default=5, validator=_positive)
-    gamma: int = field(default=7, validator=_positive)
+    gamma: int = field(default=7, validator=[_positive, validators.le(MAX_GAMMA)])
     head: str | None = field(default=None, validator=_known_head)
     rank: int = field(default=256, validator=_positive)
     confidence: bool = field(default=False)

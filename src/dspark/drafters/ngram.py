@@ -14,6 +14,7 @@ import math
 import torch
 from attrs import field, frozen, validators
 
+from dspark.drafters.config import MAX_GAMMA
 from dspark.protocols.drafter import DraftContext
 from dspark.types import DraftBlock
 
@@ -40,7 +41,7 @@ class NGramDrafter:
 
     name = "ngram"
     vocab_size: int = field(validator=[validators.instance_of(int), validators.gt(0)])
-    gamma: int = field(default=7, validator=[validators.instance_of(int), validators.gt(0)])
+    gamma: int = field(default=7, validator=[validators.instance_of(int), validators.gt(0), validators.le(MAX_GAMMA)])
     min_ngram: int = field(default=1, validator=validators.gt(0))
     max_ngram: int = field(default=3, validator=validators.gt(0))
     prior_acceptance: float = field(default=0.5, validator=[validators.gt(0.0), validators.lt(1.0)])
