@@ -220,3 +220,51 @@ def test_plain_decoding_engine_is_the_baseline(model):
     for c, p in zip(out, PROMPTS):
         assert c.output_ids == greedy_decode(model, torch.tensor(p), 12)
         assert c.metrics["rounds"] == 12 and c.metrics["tau"] == 1.0
+
+
+# -- requests that go wrong ----------------------------------------------------------------------
+
+
+def test_abort_and_a_bad_prompt_lose_nothing():
+    model = tiny_causal_lm()
+    target = HFTarget(model)
+    engine = Engine(target, dspark.get_drafter("ngram", vocab_size=32, gamma=3), cost_model="sps-table")
+    greedy = SamplingParams.greedy()
+    with pytest.raises(KeyError, match="unknown request id 'nope'"):
+        engine.abort("nope")
+    # one bad prompt among several: the call raises and none of its requests stays prefilled
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([torch.tensor([1, 2, 3]), torch.tensor([], dtype=torch.long), torch.tensor([4])],
+                        greedy, max_new_tokens=4, progress=False)
+    assert engine.active == [] and target.request_ids == ()
+    (ok,) = engine.generate([torch.tensor([5, 6])], greedy, max_new_tokens=4, progress=False)
+    assert len(ok.output_ids) == 4
+    # abort a running request: its caches are freed and it is reported as aborted, with what it had
+    a = engine.add_request(torch.tensor([1, 2, 3]), greedy, max_new_tokens=20)
+    b = engine.add_request(torch.tensor([7, 8]), greedy, max_new_tokens=2)
+    engine.step()
+    engine.abort(a)
+    assert a not in target.request_ids
+    for _ in engine.stream():
+        pass
+    # b finished (not yet collected): aborting it changes nothing
+    engine.abort(b)
+    done = {c.request_id: c for c in engine.pop_finished()}
+    assert done[a].finish_reason == "abort" and 1 <= len(done[a].output_ids) < 20
+    assert done[b].finish_reason == "length" and len(done[b].output_ids) == 2
+    assert engine.active == [] and target.request_ids == ()
+
+
+def test_a_scheduler_returning_something_else_is_named():
+    class Broken:
+        name = "broken"
+        lossless = True
+
+        def schedule(self, confidence, valid_lengths, cost_model):
+            return valid_lengths  # a tensor, not a Schedule
+
+    engine = Engine(HFTarget(tiny_causal_lm()), dspark.get_drafter("ngram", vocab_size=32, gamma=3),
+                    scheduler=Broken(), cost_model="sps-table")
+    engine.add_request(torch.tensor([1, 2, 1, 2, 1]), SamplingParams.greedy(), max_new_tokens=4)
+    with pytest.raises(TypeError, match="scheduler 'broken' returned a Tensor, not a dspark.Schedule"):
+        engine.step()

@@ -24,7 +24,7 @@ from attrs import define, field, frozen
 from dspark.plugins import resolve
 from dspark.protocols import DraftContext
 from dspark.sampling import probs_for_requests, sample
-from dspark.types import SamplingParams
+from dspark.types import SamplingParams, Schedule
 from dspark.verify import verify, verify_greedy
 
 __all__ = ["Engine", "encode_prompt", "RequestMetrics", "RoundInfo", "StepOutput", "Completion"]
@@ -104,6 +104,17 @@ class Completion:
     finish_reason: str
     metrics: dict[str, Any]
     rounds: RequestMetrics | None = None  # per-round proposed/verified/accepted/confidence
+
+
+def _check_schedule(scheduler: Any, plan: Any, valid: torch.Tensor) -> None:
+    """A scheduler (a plugin's, perhaps) must return a Schedule with ℓ_r ∈ [0, valid_r]."""
+    name = getattr(scheduler, "name", type(scheduler).__name__)
+    if not isinstance(plan, Schedule):
+        raise TypeError(f"scheduler {name!r} returned a {type(plan).__qualname__}, not a dspark.Schedule")
+    lengths = plan.lengths
+    if lengths.shape != valid.shape or bool((lengths < 0).any()) or bool((lengths > valid).any()):
+        raise ValueError(f"scheduler {name!r} returned lengths {lengths.tolist()}; each must lie in "
+                         f"[0, valid draft length] = {[[0, int(v)] for v in valid]}")
 
 
 def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict] | Sequence[int] | torch.Tensor,
@@ -227,9 +238,15 @@ class Engine:
         return rid
 
     def abort(self, request_id: str) -> None:
-        req = self._requests.pop(request_id, None)
-        if req is not None:
-            self._release(request_id)
+        """Stop a request and free its caches. A request that already finished is left as it is
+        (its completion stays collectable with ``pop_finished``); an unknown id is an error."""
+        req = self._requests.get(request_id)
+        if req is None:
+            raise KeyError(f"unknown request id {request_id!r} (never added, or already collected)")
+        if req.finished is not None:
+            return
+        req.finished = "abort"
+        self._release(request_id)
 
     def _release(self, rid: str) -> None:
         self.target.release(rid)
@@ -286,6 +303,7 @@ class Engine:
             raw = self.confidence_model.confidence_logits(block)  # [R, γ]
             c = self.calibrator.calibrate(raw)  # [R, γ]
             plan = self.scheduler.schedule(c, block.valid_lengths, self.cost_model)
+            _check_schedule(self.scheduler, plan, block.valid_lengths)
             t_draft = self.clock() - t0
             lengths, expected = plan.lengths, plan.expected_tokens  # [R]
             gamma = block.gamma
@@ -390,7 +408,15 @@ class Engine:
         """Run prompts to completion (all joined at once) and return them in order."""
         from tqdm import tqdm
 
-        rids = [self.add_request(p, sampling, max_new_tokens, stop) for p in prompts]
+        rids: list[str] = []
+        try:
+            for p in prompts:
+                rids.append(self.add_request(p, sampling, max_new_tokens, stop))
+        except Exception:  # one bad prompt: none of this call's requests stays behind
+            for rid in rids:
+                self.abort(rid)
+                self._requests.pop(rid, None)
+            raise
         total = len(rids) * max_new_tokens
         with tqdm(total=total, desc="generating", unit="tok", disable=not progress, leave=False) as bar:
             for o in self.stream():
