@@ -107,6 +107,19 @@ def test_extrapolate_error_names_b_and_largest_size():
         model.step_seconds(_b(4, 40))
 
 
+
+def test_extrapolate_error_schedules_inside_the_profile():
+    """sps-greedy with a no-extrapolation profile works whenever every B it needs is profiled."""
+    import dspark
+
+    model = _table(extrapolate="error")  # profiled up to B = 16
+    sched = dspark.get_scheduler("sps-greedy")
+    plan = sched.schedule(torch.full((2, 7), 0.9), torch.tensor([7, 7]), model)  # B ≤ 2 · 8 = 16
+    assert plan.lengths.shape == (2,) and int(plan.lengths.max()) >= 1
+    with pytest.raises(ValueError, match="largest profiled batch size 16"):
+        sched.schedule(torch.full((4, 7), 0.9), torch.tensor([7, 7, 7, 7]), model)  # B up to 32
+
+
 def test_vectorised_over_any_shape_and_scalar():
     model = _table()
     grid = torch.arange(1, 33).reshape(4, 8)

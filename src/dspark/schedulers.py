@@ -115,7 +115,10 @@ class _SPSCache:
         need = int(B.max()) + 1
         if entry is None or entry[1].shape[0] < need:
             size = max(need, 2 * entry[1].shape[0] if entry else 1024)
-            table = cost_model.sps(torch.arange(size)).double().numpy()  # [size]
+            try:
+                table = cost_model.sps(torch.arange(size)).double().numpy()  # [size]
+            except ValueError:  # a model that refuses to extrapolate: tabulate only what is asked
+                table = cost_model.sps(torch.arange(need)).double().numpy()  # [need]
             if len(self._tables) >= 8:
                 self._tables.clear()
             self._tables[id(cost_model)] = entry = (cost_model, table)
