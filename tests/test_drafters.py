@@ -141,6 +141,9 @@ def test_config_validation_and_defaults():
     with pytest.raises(ValueError, match="exactly one draft layer"):
         DrafterConfig.for_target(cfg, "eagle3", num_layers=2)
     assert DrafterConfig.for_target(cfg, "eagle3", layer_ids=(0, 1)).target_layer_ids == (0, 1)  # any m >= 1
+    for kind in ("eagle3", "dspark", "dflash"):  # refused at construction, not when an Engine is built
+        with pytest.raises(ValueError, match=r"target_layer_ids \[1, 1\] name a layer twice"):
+            DrafterConfig.for_target(cfg, kind, layer_ids=(1, 1))
     c = DrafterConfig.for_target(cfg, "dspark", rank=8)
     assert DrafterConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
 

@@ -124,6 +124,8 @@ class DrafterConfig:
     def __attrs_post_init__(self) -> None:
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids must name at least one target layer")
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            raise ValueError(f"target_layer_ids {list(self.target_layer_ids)} name a layer twice")
         self.target.check_compatible(self.target, self.target_layer_ids)
         if self.kind == "eagle3-fused" and len(self.target_layer_ids) != 3:
             raise ValueError("eagle3-fused fuses exactly 3 target layers (low, mid, high)")
