@@ -220,6 +220,14 @@ def test_entry_point_plugin_is_loaded_and_can_be_disabled(monkeypatch):
             plugins.reset()
             names = {r["name"] for r in dspark.list_plugins()}
             assert "token-budget" not in names and "sps-greedy" in names
+            # asking for a disabled plugin's name says the plugins are disabled
+            with pytest.raises(ValueError, match="disabled by DSPARK_DISABLE_PLUGINS: .*budget"):
+                dspark.get_scheduler("token-budget")
+        # a misspelled name is an error, not silently ignored (the plugin it meant stays enabled)
+        monkeypatch.setenv("DSPARK_DISABLE_PLUGINS", "bugdet")
+        plugins.reset()
+        with pytest.raises(PluginError, match="names 'bugdet', which is no installed plugin.*did you mean 'budget'"):
+            dspark.list_plugins()
     finally:
         monkeypatch.delenv("DSPARK_DISABLE_PLUGINS")
         plugins.reset()

@@ -90,6 +90,7 @@ _lock = threading.RLock()
 _pm: pluggy.PluginManager | None = None
 _registry: dict[str, dict[str, Registration]] | None = None
 _versions: dict[str, str | None] = {}
+_disabled: list[str] = []  # entry-point plugins DSPARK_DISABLE_PLUGINS kept out (for error messages)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,9 +136,18 @@ def _add(pm: pluggy.PluginManager, plugin: object, name: str, version: str | Non
 
 def _load_entry_points(pm: pluggy.PluginManager) -> None:
     disable_all, disabled = _disabled_plugins()
+    points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    installed = sorted({ep.name for ep in points})
+    unknown = sorted(disabled - set(installed))
+    if unknown:  # a misspelled name would otherwise leave the plugin it meant enabled
+        hints = [h for u in unknown for h in difflib.get_close_matches(u, installed, n=1)]
+        raise PluginError(
+            f"DSPARK_DISABLE_PLUGINS names {', '.join(map(repr, unknown))}, which is no installed plugin "
+            f"(installed: {', '.join(installed) or 'none'})" + (f" — did you mean {hints[0]!r}?" if hints else ""))
+    _disabled[:] = installed if disable_all else sorted(disabled)
     if disable_all:
         return
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for ep in points:
         if ep.name in disabled:
             continue
         dist = getattr(ep, "dist", None)
@@ -205,6 +215,7 @@ def reset() -> None:
     with _lock:
         _pm = None
         _versions.clear()
+        _disabled.clear()
         _invalidate()
 
 
@@ -292,10 +303,12 @@ def lookup(kind: str, name: str, /) -> Registration:
     entry = entries.get(name)
     if entry is None:
         hint = difflib.get_close_matches(name, list(entries), n=1)
+        off = (f"; plugins disabled by DSPARK_DISABLE_PLUGINS: {', '.join(_disabled)} — it may come from one "
+               "of them" if _disabled else "")
         raise ValueError(
             f"unknown {point.noun} {name!r}"
             + (f" — did you mean {hint[0]!r}?" if hint else "")
-            + f" (available: {', '.join(sorted(entries)) or 'none'})"
+            + f" (available: {', '.join(sorted(entries)) or 'none'}{off})"
         )
     return entry
 
