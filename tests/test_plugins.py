@@ -273,3 +273,11 @@ def test_hooks_doc_lists_every_hook_and_builtin():
     for row in dspark.list_plugins():
         if row["plugin"] == "dspark":
             assert f"`{row['name']}`" in doc, f"docs/plugins.md does not mention {row['kind']} {row['name']!r}"
+
+
+
+def test_a_bad_option_is_one_sentence_without_attrs_internals():
+    with pytest.raises(ValueError) as err:
+        dspark.get_scheduler("threshold", mode="bogus")
+    assert str(err.value) == ("scheduler 'threshold' (plugin 'dspark'): 'mode' must be in ('step', 'survival') "
+                              "(got 'bogus')")

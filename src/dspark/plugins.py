@@ -320,7 +320,9 @@ def create(kind: str, name: str, /, **config: Any) -> Any:
     try:
         obj = entry.factory(**config)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{point.noun} {name!r} (plugin {entry.plugin!r}): {exc}") from exc
+        # attrs validators raise ValueError(message, attribute, options, value): keep the message
+        detail = exc.args[0] if len(exc.args) > 1 and isinstance(exc.args[0], str) else exc
+        raise ValueError(f"{point.noun} {name!r} (plugin {entry.plugin!r}): {detail}") from exc
     if not isinstance(obj, point.protocol):
         raise PluginError(
             f"{point.noun} {name!r} from plugin {entry.plugin!r} built a {type(obj).__qualname__}, "
