@@ -142,7 +142,11 @@ def test_generate_cli_bad_input_is_one_line(capsys):
                           (["generate", "hi", "  "], "prompt 2 is empty"),
                           (["generate", "hi", "--drafter", "dspark", "--checkpoint", "dspark-vanilla-ref",
                             "--gamma", "3"], "--gamma cannot be combined with --checkpoint"),
-                          (["generate", "hi", "--gamma", "1000"], "--gamma must lie in 1..64")):
+                          (["generate", "hi", "--gamma", "1000"], "--gamma must lie in 1..64"),
+                          (["generate", "hi", "--calibrator", "/missing.json"],
+                           "calibrator file /missing.json does not exist"),
+                          (["generate", "hi", "--calibrator", "stss"], "unknown calibrator 'stss'"),
+                          (["generate", "hi", "--scheduler", "sps-gredy"], "unknown scheduler 'sps-gredy'")):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and "dtype " not in err and "Traceback" not in err, err

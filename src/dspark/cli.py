@@ -147,6 +147,13 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError(f"prompt {', '.join(map(str, empty))} is empty")
     if args.drafter != "none":
         lookup("drafters", args.drafter)  # a misspelled name fails before the model load
+    lookup("schedulers", args.scheduler)
+    lookup("cost_models", args.cost_model)
+    looks_like_file = args.calibrator.endswith(".json") or "/" in args.calibrator
+    if looks_like_file and not os.path.isfile(args.calibrator):
+        raise ValueError(f"calibrator file {args.calibrator} does not exist")
+    if not looks_like_file:
+        lookup("calibrators", args.calibrator)
     if args.checkpoint and args.gamma is not None:
         raise ValueError("--gamma cannot be combined with --checkpoint: the checkpoint fixes its block size γ")
     gamma = 7 if args.gamma is None else args.gamma
