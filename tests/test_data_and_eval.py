@@ -73,6 +73,9 @@ def test_jsonl_prompts_and_their_errors(tmp_path):
         list(jsonl_prompts(f))
     with pytest.raises(FileNotFoundError):
         list(jsonl_prompts(tmp_path / "missing.jsonl"))
+    f.write_bytes(json.dumps({"prompt": "ok"}).encode() + b"\n" + b'{"prompt": "caf\xe9"}\n')  # Latin-1
+    with pytest.raises(ValueError, match=r"p.jsonl:2: not UTF-8 text"):
+        list(jsonl_prompts(f))
 
 
 @pytest.fixture(scope="module")

@@ -210,8 +210,12 @@ def jsonl_lines(path: str | Path, missing: str) -> Iterator[tuple[int, str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(missing)
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
             if line.strip():
                 yield lineno, line
 
