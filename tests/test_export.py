@@ -411,6 +411,8 @@ def test_cli_bad_input_is_one_line(cli_files, tmp_path, capsys, case, message):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m dspark.export: error: "), err
     assert __import__("re").search(message, lines[0]), lines[0]
+    if case in ("wrong-target", "missing-target"):  # failed after the folder was made: it is gone again
+        assert not out.exists()
 
 
 @pytest.mark.slow

@@ -148,11 +148,11 @@ def run_eval(args: Any) -> int:
     target = _target(args)
     prompts = eval_prompts(args.prompts, args.per_domain)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                                "model": args.model, "dtype": args.dtype,
                                "command": " ".join(["dspark", *sys.argv[1:]]), "runs": {}}
     drafters = [load_drafter_spec(spec, target) for spec in args.drafter]  # once, for every temperature
+    out.mkdir(parents=True, exist_ok=True)  # only once the drafters loaded: a failure leaves no empty folder
     for temp in args.temperature:
         for label, drafter, cal in drafters:
             cache = out / "rounds" / f"{label}-T{temp}.json"

@@ -117,9 +117,8 @@ def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bo
 
 
 def _run(args: argparse.Namespace) -> int:
-    import torch
 
-    from dspark.export.exporter import export_onnx, prepare_out_dir
+    from dspark.export.exporter import prepare_out_dir
     from dspark.export.manifest import ExportError
 
     out = Path(args.onnx or args.trt)
@@ -133,7 +132,22 @@ def _run(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile, batch=args.batch, past=args.past, new=args.new, precision=precision)
     elif args.fp16 or args.bf16 or args.profile or args.batch or args.past or args.new:
         raise ExportError("--fp16/--bf16/--profile/--batch/--past/--new are TensorRT options: use them with --trt")
+    created = not out.exists()
     prepare_out_dir(out)
+    try:
+        return _export(args, out, ckpt, cfg, profile)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a failed export leaves no empty folder behind
+        raise
+
+
+def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any], profile: Any) -> int:
+    import torch
+
+    from dspark.export.exporter import export_onnx
+    from dspark.export.manifest import ExportError
+
     n_graphs = 2 + (cfg.get("kind") in ("eagle3", "eagle3-fused") or cfg.get("head") is not None)
     total = 2 + n_graphs + bool(args.validate) + (n_graphs + bool(args.validate) if args.trt else 0)
     progress = _Progress(total, enabled=not args.quiet)
