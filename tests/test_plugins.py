@@ -281,3 +281,13 @@ def test_a_bad_option_is_one_sentence_without_attrs_internals():
         dspark.get_scheduler("threshold", mode="bogus")
     assert str(err.value) == ("scheduler 'threshold' (plugin 'dspark'): 'mode' must be in ('step', 'survival') "
                               "(got 'bogus')")
+
+
+
+def test_specific_errors_keep_their_type_through_the_registry(tmp_path):
+    from dspark.cost_models import ProfileError
+
+    bad = tmp_path / "p.json"
+    bad.write_text('{"points": []}')
+    with pytest.raises(ProfileError, match="cost model 'sps-table'"):
+        dspark.get_cost_model("sps-table", profile=bad)

@@ -322,7 +322,14 @@ def create(kind: str, name: str, /, **config: Any) -> Any:
     except (TypeError, ValueError) as exc:
         # attrs validators raise ValueError(message, attribute, options, value): keep the message
         detail = exc.args[0] if len(exc.args) > 1 and isinstance(exc.args[0], str) else exc
-        raise ValueError(f"{point.noun} {name!r} (plugin {entry.plugin!r}): {detail}") from exc
+        message = f"{point.noun} {name!r} (plugin {entry.plugin!r}): {detail}"
+        # a specific error (ProfileError, CheckpointError, ...) keeps its type for API callers
+        kind = type(exc) if isinstance(exc, ValueError) and type(exc) is not ValueError else ValueError
+        try:
+            error = kind(message)
+        except Exception:  # an error class that does not take one message
+            error = ValueError(message)
+        raise error from exc
     if not isinstance(obj, point.protocol):
         raise PluginError(
             f"{point.noun} {name!r} from plugin {entry.plugin!r} built a {type(obj).__qualname__}, "
