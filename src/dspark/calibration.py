@@ -1,7 +1,7 @@
 """Calibrators: raw confidence logits z [R, γ] → calibrated per-step probabilities c [R, γ].
 
 c_j = σ(z_j / T_j) is the probability that draft position j is accepted given that positions < j
-were; a_j = Π_{i≤j} c_i is the prefix survival the scheduler ranks by (DESIGN.md §3). A small
+were; a_j = Π_{i≤j} c_i is the prefix survival the scheduler ranks by (docs/math.md §2). A small
 per-step bias compounds in a_j, so calibration is judged on survival. Terms and label masks are
 defined in :mod:`dspark.metrics`.
 
@@ -435,7 +435,7 @@ def _pick(ece: torch.Tensor, brier: torch.Tensor, tol: float) -> int:
 
 @frozen
 class STSCalibrator:
-    """Sequential temperature scaling (DESIGN.md §3): c_j = σ(z_j / T_j), one T per position.
+    """Sequential temperature scaling (docs/math.md §3): c_j = σ(z_j / T_j), one T per position.
 
     For j = 1..γ in order, T_j minimises the survival ECE of Π_{i≤j} σ(z_i / T_i) against
     [accepted ≥ j] on rows whose position j was verified, T_{<j} fixed. ECE jumps as

@@ -1,6 +1,6 @@
 """Cost models: the hardware's verification speed SPS(B) and the batch B a schedule costs.
 
-Two built-ins satisfy :class:`dspark.protocols.CostModel` (DESIGN.md §3):
+Two built-ins satisfy :class:`dspark.protocols.CostModel` (docs/math.md §4):
 
 * :class:`SPSTableCostModel` (``"sps-table"``): measured step times from an :class:`SPSProfile`,
   interpolated linearly or as a staircase, because real curves have CUDA-graph buckets (§4).
@@ -360,7 +360,7 @@ class SPSProfile:
 
 
 def default_profile_path() -> Traversable:
-    """The shipped CPU profile: SmolLM2-135M, fp32, 2-core EPYC (DESIGN.md §6)."""
+    """The shipped CPU profile: SmolLM2-135M, fp32, 2-core EPYC (measured before the project's first release; re-profile with `dspark profile`)."""
     return resources.files("dspark") / "data" / "cpu_smollm2_fp32.json"
 
 

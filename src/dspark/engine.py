@@ -1,6 +1,6 @@
 """The batched speculative engine with continuous batching.
 
-Every ``step()`` runs one round for all active requests (DESIGN.md §1, §3):
+Every ``step()`` runs one round for all active requests (docs/engine.md, docs/math.md §4–6):
 
     draft → confidence → calibrate → schedule (cost model) → verify (one batched target forward)
     → commit / roll back target and draft caches → per-request metrics.

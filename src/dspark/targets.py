@@ -2,8 +2,8 @@
 
 :class:`HFTarget` wraps any HF ``AutoModelForCausalLM`` whose KV cache is a plain full-attention
 ``DynamicCache`` (Llama, Qwen3, Mistral without sliding window, ...) and serves many concurrent
-requests of different lengths that join and leave at any time (DESIGN.md §5, "Batching with HF
-models", approach (b)).
+requests of different lengths that join and leave at any time (docs/engine.md, "Batching an HF
+target").
 
 Storage
     Each request owns one KV tensor ``[L, 2, H_kv, capacity, d_head]`` (all decoder layers, keys
