@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from attrs import asdict, define, field, frozen
 
 __all__ = ["RoundRecord", "RequestRecord", "LevelRun", "summarise_run", "percentile"]
@@ -68,13 +70,10 @@ class LevelRun:
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated q-th percentile (0–100); nan for no values."""
-    xs = sorted(v for v in values if not math.isnan(v))
-    if not xs:
-        return math.nan
-    k = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+    """Linear-interpolated q-th percentile (0–100) of the non-nan values (numpy's); nan for none."""
+    xs = np.asarray(values, dtype=float)
+    xs = xs[~np.isnan(xs)]
+    return float(np.percentile(xs, q)) if xs.size else math.nan
 
 
 def summarise_run(run: LevelRun) -> dict[str, Any]:
