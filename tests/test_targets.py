@@ -356,6 +356,14 @@ def test_hooked_capture_equals_hf_hidden_states_and_prefill_can_skip_logits(arch
     step_b = lean.verify(["a"], prompt[-1:][None], torch.tensor([0]))
     torch.testing.assert_close(step_a.logits, step_b.logits, rtol=0, atol=0)
     torch.testing.assert_close(step_a.logits[0, 0], ref.logits[0, -1], rtol=1e-5, atol=1e-5)
+    # several prompts of different lengths (a padded forward) without logits: the same features
+    pair = HFTarget(model, capture_layers=every)
+    both = pair.prefill(["a", "b"], [prompt, prompt[:3]], logits=False)
+    assert both.logits.shape == (2, 0, VOCAB) and both.lengths.tolist() == [7, 2]
+    for k in every:
+        torch.testing.assert_close(both.hidden_states[k][0], out.hidden_states[k][0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(both.hidden_states[k][1, :2], ref.hidden_states[k + 1][0, :2], rtol=1e-5, atol=1e-5)
+        assert not both.hidden_states[k][1, 2:].any()  # padded positions are zero
     # a model without the usual layers / norm layout falls back to output_hidden_states
     fallback = HFTarget(model, capture_layers=every)
     fallback._capture_modules = None

@@ -464,11 +464,11 @@ class HFTarget:
 
 
     def _forward(
-        self, reqs: list[_Request], tokens: torch.Tensor, q_lens: torch.Tensor, logits: bool = True
+        self, reqs: list[_Request], tokens: torch.Tensor, q_lens: torch.Tensor, want_logits: bool = True
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """One padded forward of ``tokens`` [R, q] (row r valid up to q_lens[r]) after each past.
 
-        Appends the valid new K/V to each request; returns logits [R, q, V] (``logits=False``:
+        Appends the valid new K/V to each request; returns logits [R, q, V] (``want_logits=False``:
         [R, 0, V], the LM head over the last position only) and hidden states {k: [R, q, d]}, both
         zero at padded positions.
         """
@@ -508,7 +508,7 @@ class HFTarget:
                 use_cache=True,
                 output_hidden_states=bool(self.capture_layers) and self._capture_modules is None,
                 **{self._cache_arg: cache},
-                **({} if logits else {"logits_to_keep": 1}),
+                **({} if want_logits else {"logits_to_keep": 1}),
             )
         finally:
             for h in hooks:
@@ -520,12 +520,13 @@ class HFTarget:
                 req.reserve(req.length + n, self.max_context)
                 req.kv[:, :, :, req.length : req.length + n].copy_(buf[:, :, r, :, P : P + n])
                 req.length += n
-        logits = out.logits if logits else out.logits[:, :0]  # [R, q, V] (or [R, 0, V])
+        logits = out.logits if want_logits else out.logits[:, :0]  # [R, q, V] (or [R, 0, V])
         hidden = ({k: caught[k] for k in self.capture_layers} if self._capture_modules is not None
                   else {k: out.hidden_states[k + 1] for k in self.capture_layers})  # {k: [R, q, d]}
         pad = torch.arange(q)[None, :] >= q_lens[:, None]  # [R, q]
         if bool(pad.any()):
             pad = pad.to(dev)[..., None]
-            logits = logits.masked_fill(pad, 0.0)
+            if want_logits:
+                logits = logits.masked_fill(pad, 0.0)
             hidden = {k: h.masked_fill(pad, 0.0) for k, h in hidden.items()}
         return logits, hidden
