@@ -136,6 +136,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     import dspark
     from dspark.autotune import choose_dtype
+    from dspark.drafters.config import MAX_GAMMA
     from dspark.engine import Engine, encode_prompt
     from dspark.models import load_causal_lm
     from dspark.plugins import lookup
@@ -157,8 +158,6 @@ def _generate(args: argparse.Namespace) -> int:
     if args.checkpoint and args.gamma is not None:
         raise ValueError("--gamma cannot be combined with --checkpoint: the checkpoint fixes its block size γ")
     gamma = 7 if args.gamma is None else args.gamma
-    from dspark.drafters.config import MAX_GAMMA
-
     if not 1 <= gamma <= MAX_GAMMA:
         raise ValueError(f"--gamma must lie in 1..{MAX_GAMMA}, got {gamma}")
     model, tok = load_causal_lm(args.model, torch.float32)
@@ -177,7 +176,7 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         drafter = dspark.get_drafter(args.drafter, target=target, gamma=gamma)
         print(f"note: {args.drafter} drafter without --checkpoint is untrained (random weights)", file=sys.stderr)
-    if os.path.isfile(args.calibrator):
+    if looks_like_file:
         from dspark.calibration import load_calibrator
 
         calibrator = load_calibrator(args.calibrator)

@@ -86,17 +86,17 @@ def _encode(tok, text: str) -> torch.Tensor:
     return torch.tensor(enc["input_ids"])
 
 
-def _engine(target, tok, drafter_dir, calibrator, cost, scheduler="sps-greedy", gate=False):
-    """An engine on a fresh HFTarget around ``target.model`` (plain decoding when ``drafter_dir`` is
-    None; the engines must not share a target: each keeps its own per-request caches)."""
+def _engine(model, tok, drafter_dir, calibrator, cost, scheduler="sps-greedy", gate=False):
+    """An engine on a fresh HFTarget around ``model`` (plain decoding when ``drafter_dir`` is None;
+    the engines must not share a target: each keeps its own per-request caches)."""
     from dspark.drafters.checkpoint import from_pretrained
     from dspark.engine import Engine
     from dspark.gating import DraftGate
     from dspark.targets import HFTarget
 
-    fresh = HFTarget(target.model, tok)
-    drafter = from_pretrained(drafter_dir, fresh) if drafter_dir is not None else None
-    return Engine(fresh, drafter, scheduler=scheduler, cost_model=cost, calibrator=calibrator or "identity",
+    target = HFTarget(model, tok)
+    drafter = from_pretrained(drafter_dir, target) if drafter_dir is not None else None
+    return Engine(target, drafter, scheduler=scheduler, cost_model=cost, calibrator=calibrator or "identity",
                   draft_gate=DraftGate() if gate and drafter is not None else None)
 
 
@@ -108,9 +108,7 @@ def _timed(fn):
 
 def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> tuple[list[dict], int]:
     """fp32 greedy identity with every draft verified at full length (``full`` scheduler)."""
-    from dspark.targets import HFTarget
-
-    engine = _engine(HFTarget(model, tok), tok, folder, calibrator, None, scheduler="full")
+    engine = _engine(model, tok, folder, calibrator, None, scheduler="full")
     rows = []
     for domain, ids in tqdm(encoded.items(), desc="greedy identity (fp32, full drafts)", leave=False):
         reference = plain_generate(model, ids, max_new_tokens, eos)
@@ -154,8 +152,8 @@ def run_demo(args: argparse.Namespace) -> int:
     cost = choice.cost_model(args.model)
     print(f"{choice.dtype} verification step time by tokens verified: "
           + ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in choice.profile.items()), flush=True)
-    plain_engine = _engine(target, tok, None, None, cost)
-    spec_engine = _engine(target, tok, folder, calibrator, cost, gate=args.gate)
+    plain_engine = _engine(model, tok, None, None, cost)
+    spec_engine = _engine(model, tok, folder, calibrator, cost, gate=args.gate)
     totals: dict[str, list[float]] = {"hf_generate": [], "engine_plain": [], "engine_dspark": []}
     per_prompt, taus, match = [], [], []
     bar = tqdm(total=args.repeats * len(ids), desc=f"speed ({choice.dtype}, concurrency 1)", leave=False)

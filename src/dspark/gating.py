@@ -16,9 +16,9 @@ confidences); ρ = Σ committed / Σ τ̂ over a long window (``calibration_deca
 miscalibration. Why not the committed tokens themselves: at R = 1 a round commits anywhere from 1 to
 γ + 1 tokens, so a few rounds' committed count is mostly noise and one unlucky probe would keep the
 drafter off for long; τ̂ is a low-noise estimate of the same expectation, and ρ keeps it honest.
-(Rounds observed without τ̂ fall back to the committed tokens.) Measured, because what decides is the whole round — drafting, the drafter catching up
-on skipped tokens, verification, sampling — and the calibrated τ̂ and the cost model describe only
-part of it. A bucket decides only once it has seen ``min_evidence`` drafted request-rounds (one
+(Rounds observed without τ̂ fall back to the committed tokens.) Measured, because what decides is
+the whole round — drafting, the drafter catching up on skipped tokens, verification, sampling —
+and the calibrated τ̂ and the cost model describe only part of it. A bucket decides only once it has seen ``min_evidence`` drafted request-rounds (one
 round of R = 1 commits anywhere from 1 to γ + 1 tokens: too noisy to act on). Then, after each
 drafted round, if plain is faster (by ``margin``) the next rounds skip the drafter:
 ``min_backoff`` · (plain / speculative)³ of them, doubling on each consecutive loss up to

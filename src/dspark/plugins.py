@@ -324,9 +324,9 @@ def create(kind: str, name: str, /, **config: Any) -> Any:
         detail = exc.args[0] if len(exc.args) > 1 and isinstance(exc.args[0], str) else exc
         message = f"{point.noun} {name!r} (plugin {entry.plugin!r}): {detail}"
         # a specific error (ProfileError, CheckpointError, ...) keeps its type for API callers
-        kind = type(exc) if isinstance(exc, ValueError) and type(exc) is not ValueError else ValueError
+        error_type = type(exc) if isinstance(exc, ValueError) and type(exc) is not ValueError else ValueError
         try:
-            error = kind(message)
+            error = error_type(message)
         except Exception:  # an error class that does not take one message
             error = ValueError(message)
         raise error from exc

@@ -14,7 +14,6 @@ import math
 from typing import Any
 
 import numpy as np
-
 from attrs import asdict, define, field, frozen
 
 __all__ = ["RoundRecord", "RequestRecord", "LevelRun", "summarise_run", "percentile"]

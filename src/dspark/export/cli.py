@@ -117,7 +117,6 @@ def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bo
 
 
 def _run(args: argparse.Namespace) -> int:
-
     from dspark.export.exporter import prepare_out_dir
     from dspark.export.manifest import ExportError
 
