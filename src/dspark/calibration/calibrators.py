@@ -1,0 +1,288 @@
+"""The built-in calibrators: identity, one temperature, sequential temperature scaling (STS).
+
+Terms (z, c_j, a_j) and the JSON format are defined in :mod:`dspark.calibration`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import torch
+from attrs import field, frozen
+
+from dspark.calibration.fitting import check_logits, fit_data, fit_info, fit_temperature, sts_search
+from dspark.calibration.format import (
+    CalibratorFormatError,
+    FitInfo,
+    construct,
+    dump,
+    load_fit,
+    load_options,
+    load_temperatures,
+    require,
+    save,
+)
+from dspark.metrics import conditional_labels, survival_labels, verified_mask
+
+__all__ = ["BUILTIN_CALIBRATORS", "IdentityCalibrator", "STSCalibrator", "TemperatureCalibrator"]
+
+
+def _temperature(_inst: object, attribute: attrs.Attribute, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{attribute.name} must be finite and > 0, got {value!r}")
+
+
+def _temperatures(_inst: object, _attr: object, value: tuple[float, ...]) -> None:
+    bad = [t for t in value if not (math.isfinite(t) and t > 0)]
+    if bad:
+        raise ValueError(f"temperatures must be finite and > 0, got {bad}")
+
+
+def _positive_int(_inst: object, attribute: attrs.Attribute, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
+
+
+def _float_tuple(values: Any) -> tuple[float, ...]:
+    return tuple(float(v) for v in values)
+
+
+# --------------------------------------------------------------------------------------------
+# Identity
+# --------------------------------------------------------------------------------------------
+
+
+@frozen
+class IdentityCalibrator:
+    """c = σ(z): no calibration. Works for any γ; ``fit`` only records the raw ECE."""
+
+    name: ClassVar[str] = "identity"
+    n_bins: int = field(default=15, validator=_positive_int)
+    fit_info: FitInfo | None = None
+
+    def calibrate(self, confidence_logits: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(check_logits(confidence_logits))  # [R, γ]
+
+    def fit(
+        self,
+        confidence_logits: torch.Tensor,
+        accepted: torch.Tensor,
+        verified: torch.Tensor | None = None,
+    ) -> IdentityCalibrator:
+        z, acc, ver = fit_data(confidence_logits, accepted, verified)
+        ones = torch.ones(z.shape[1], dtype=z.dtype)
+        info = fit_info(z, acc, ver, ones, self.n_bins, "none")
+        return attrs.evolve(self, fit_info=info)
+
+    def to_dict(self) -> dict[str, Any]:
+        gamma = None if self.fit_info is None else self.fit_info.gamma
+        return dump(self, [], gamma, {"n_bins": self.n_bins})
+
+    def save(self, path: str | Path) -> None:
+        save(self, path)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "<dict>") -> IdentityCalibrator:
+        opts = load_options(data, origin)
+        return construct(
+            cls, origin, n_bins=opts.get("n_bins", 15), fit_info=load_fit(data, origin)
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Single temperature (BCE on conditional labels)
+# --------------------------------------------------------------------------------------------
+
+
+@frozen
+class TemperatureCalibrator:
+    """c_j = σ(z_j / T) with one T for all positions.
+
+    T minimises the binary cross-entropy of σ(z_j / T) against the per-step conditional labels
+    (rows at risk at j: accepted ≥ j − 1 and j verified). The loss is convex in 1/T, hence
+    unimodal in log T, so a golden-section search over [t_min, t_max] finds the optimum.
+    Being position-agnostic, it also calibrates blocks longer than the one it was fitted on.
+    """
+
+    name: ClassVar[str] = "temperature"
+    temperature: float = field(default=1.0, converter=float, validator=_temperature)
+    t_min: float = field(default=0.01, converter=float, validator=_temperature)
+    t_max: float = field(default=100.0, converter=float, validator=_temperature)
+    n_bins: int = field(default=15, validator=_positive_int)
+    fit_info: FitInfo | None = None
+
+    def calibrate(self, confidence_logits: torch.Tensor) -> torch.Tensor:
+        z = check_logits(confidence_logits)  # [R, γ]
+        return torch.sigmoid(z / self.temperature)
+
+    def fit(
+        self,
+        confidence_logits: torch.Tensor,
+        accepted: torch.Tensor,
+        verified: torch.Tensor | None = None,
+    ) -> TemperatureCalibrator:
+        z, acc, ver = fit_data(confidence_logits, accepted, verified)
+        labels, at_risk = conditional_labels(acc, z.shape[1], ver)  # [N, γ] each
+        zs, ys = z[at_risk], labels[at_risk].to(z.dtype)  # [M]
+        if zs.numel() == 0:
+            raise ValueError("no verified positions at risk to fit on (every row has verified = 0)")
+        t = fit_temperature(zs, ys, self.t_min, self.t_max)
+        temps = torch.full((z.shape[1],), t, dtype=z.dtype)
+        info = fit_info(z, acc, ver, temps, self.n_bins, "bce_conditional")
+        return attrs.evolve(self, temperature=t, fit_info=info)
+
+    def to_dict(self) -> dict[str, Any]:
+        gamma = None if self.fit_info is None else self.fit_info.gamma
+        opts = {"t_min": self.t_min, "t_max": self.t_max, "n_bins": self.n_bins}
+        return dump(self, [self.temperature], gamma, opts)
+
+    def save(self, path: str | Path) -> None:
+        save(self, path)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "<dict>") -> TemperatureCalibrator:
+        temps = load_temperatures(data, origin)
+        if len(temps) != 1:
+            raise CalibratorFormatError(
+                f"{origin}: field 'temperatures' must hold exactly one value for a "
+                f"'temperature' calibrator, got {len(temps)}"
+            )
+        return construct(
+            cls,
+            origin,
+            temperature=temps[0],
+            fit_info=load_fit(data, origin),
+            **load_options(data, origin),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Sequential temperature scaling
+# --------------------------------------------------------------------------------------------
+
+
+@frozen
+class STSCalibrator:
+    """Sequential temperature scaling (docs/math.md §3): c_j = σ(z_j / T_j), one T per position.
+
+    For j = 1..γ in order, T_j minimises the survival ECE of Π_{i≤j} σ(z_i / T_i) against
+    [accepted ≥ j] on rows whose position j was verified, T_{<j} fixed. ECE jumps as
+    predictions cross bin edges, so the search is a log-spaced grid over [t_min, t_max]
+    followed by ``refine_steps`` finer grids around the best point; ECEs within
+    ``ece_tolerance`` count as ties, broken by the lower Brier score (a proper, smooth score).
+
+    ``calibrate`` accepts any block of γ' ≤ γ positions (using T_1..T_γ') and refuses longer ones.
+    """
+
+    name: ClassVar[str] = "sts"
+    temperatures: tuple[float, ...] = field(
+        default=(), converter=_float_tuple, validator=_temperatures
+    )
+    n_bins: int = field(default=15, validator=_positive_int)
+    t_min: float = field(default=0.05, converter=float, validator=_temperature)
+    t_max: float = field(default=20.0, converter=float, validator=_temperature)
+    grid_size: int = field(default=161, validator=_positive_int)
+    refine_steps: int = field(default=2, validator=attrs.validators.ge(0))
+    ece_tolerance: float = field(default=1e-4, converter=float, validator=attrs.validators.ge(0.0))
+    fit_info: FitInfo | None = None
+
+    @property
+    def gamma(self) -> int:
+        """Positions this calibrator covers (0 when unfitted)."""
+        return len(self.temperatures)
+
+    def calibrate(self, confidence_logits: torch.Tensor) -> torch.Tensor:
+        z = check_logits(confidence_logits)  # [R, γ']
+        g = z.shape[1]
+        if not self.temperatures:
+            raise RuntimeError("STSCalibrator is not fitted: call fit(...) or load_calibrator(...)")
+        if g > self.gamma:
+            raise ValueError(
+                f"confidence_logits have γ'={g} positions but this STS calibrator was fitted for "
+                f"γ={self.gamma}; refit it on blocks of at least {g} positions"
+            )
+        t = torch.tensor(self.temperatures[:g], dtype=z.dtype, device=z.device)  # [γ']
+        return torch.sigmoid(z / t)
+
+    def fit(
+        self,
+        confidence_logits: torch.Tensor,
+        accepted: torch.Tensor,
+        verified: torch.Tensor | None = None,
+    ) -> STSCalibrator:
+        z, acc, ver = fit_data(confidence_logits, accepted, verified)
+        n, gamma = z.shape
+        labels, _ = survival_labels(acc, gamma, ver)  # [N, γ]
+        mask = verified_mask(acc, gamma, ver)  # [N, γ]
+        lo, hi = math.log(self.t_min), math.log(self.t_max)
+        grid = torch.exp(torch.linspace(lo, hi, self.grid_size, dtype=torch.float64))  # [G]
+
+        temps: list[float] = []
+        empty: list[int] = []
+        prefix = torch.ones(n, dtype=torch.float64)  # [N] Π_{i<j} σ(z_i / T_i)
+        for k in range(gamma):
+            m = mask[:, k]
+            if not m.any():
+                t = temps[-1] if temps else 1.0  # nothing to fit: carry the last T forward
+                empty.append(k + 1)
+            else:
+                t = sts_search(
+                    prefix[m],
+                    z[m, k],
+                    labels[m, k].to(torch.float64),
+                    grid,
+                    n_bins=self.n_bins,
+                    refine_steps=self.refine_steps,
+                    ece_tolerance=self.ece_tolerance,
+                )
+            temps.append(t)
+            prefix = prefix * torch.sigmoid(z[:, k] / t)
+
+        if empty:
+            warnings.warn(
+                f"STS: no verified rows at positions {empty}; each reuses the previous T",
+                stacklevel=2,
+            )
+        t_vec = torch.tensor(temps, dtype=torch.float64)
+        info = fit_info(z, acc, ver, t_vec, self.n_bins, "sequential_survival_ece")
+        return attrs.evolve(self, temperatures=tuple(temps), fit_info=info)
+
+    def to_dict(self) -> dict[str, Any]:
+        opts = {
+            "n_bins": self.n_bins,
+            "t_min": self.t_min,
+            "t_max": self.t_max,
+            "grid_size": self.grid_size,
+            "refine_steps": self.refine_steps,
+            "ece_tolerance": self.ece_tolerance,
+        }
+        return dump(self, list(self.temperatures), self.gamma or None, opts)
+
+    def save(self, path: str | Path) -> None:
+        save(self, path)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "<dict>") -> STSCalibrator:
+        temps = load_temperatures(data, origin)
+        gamma = require(data, "gamma", origin)
+        if gamma != (len(temps) or None):
+            raise CalibratorFormatError(
+                f"{origin}: field 'gamma' is {gamma!r} but 'temperatures' holds {len(temps)} values"
+            )
+        return construct(
+            cls,
+            origin,
+            temperatures=temps,
+            fit_info=load_fit(data, origin),
+            **load_options(data, origin),
+        )
+
+
+BUILTIN_CALIBRATORS: dict[str, type] = {
+    cls.name: cls for cls in (IdentityCalibrator, TemperatureCalibrator, STSCalibrator)
+}

@@ -1,0 +1,195 @@
+"""Fitting calibrators: input validation, the temperature searches and the fit record.
+
+Terms (c_j, a_j, z, the label masks) are defined in :mod:`dspark.calibration` and
+:mod:`dspark.metrics`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dspark.calibration.format import FitInfo
+from dspark.metrics import check_rounds, ece_rows, survival_labels, verified_mask
+
+__all__ = ["check_logits", "fit_data", "fit_info", "fit_temperature", "sts_search"]
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def check_logits(value: Any, name: str = "confidence_logits") -> torch.Tensor:
+    """Raw logits as a floating tensor [R, γ]; numpy arrays become tensors."""
+    z = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+    if z.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [R, γ], got shape {tuple(z.shape)}")
+    if z.dtype == torch.bool or z.dtype.is_complex:
+        raise TypeError(f"{name} must be a real floating tensor, got {z.dtype}")
+    if not z.dtype.is_floating_point:
+        z = z.to(torch.float32)
+    if not torch.isfinite(z).all():
+        bad = int((~torch.isfinite(z)).sum())
+        raise ValueError(f"{name} contains {bad} non-finite values (NaN or inf)")
+    return z
+
+
+def fit_data(
+    confidence_logits: Any, accepted: Any, verified: Any | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Validated fitting data: z [N, γ] float64 on CPU, accepted [N], verified [N] | None."""
+    z = check_logits(confidence_logits).detach().to(device="cpu", dtype=torch.float64)  # [N, γ]
+    n, gamma = z.shape
+    if n == 0:
+        raise ValueError("cannot fit a calibrator on empty data (0 rows)")
+    if gamma == 0:
+        raise ValueError("cannot fit a calibrator on a block of γ = 0 positions")
+    acc, ver = check_rounds(accepted, gamma, verified)
+    if acc.numel() != n:
+        raise ValueError(
+            f"accepted has {acc.numel()} rows but confidence_logits has {n} (shape {tuple(z.shape)})"
+        )
+    return z, acc, ver
+
+
+# --------------------------------------------------------------------------------------------
+# Fit record
+# --------------------------------------------------------------------------------------------
+
+
+def _survival_ece(
+    c: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, n_bins: int
+) -> list[float]:
+    """Survival ECE per position of per-step probabilities c [N, γ] on masked rows."""
+    a = torch.cumprod(c, dim=1)  # [N, γ]
+    out = []
+    for k in range(c.shape[1]):
+        m = mask[:, k]
+        if not m.any():
+            out.append(math.nan)
+            continue
+        out.append(float(ece_rows(a[m, k][None, :], labels[m, k].to(a.dtype), n_bins)[0]))
+    return out
+
+
+def fit_info(
+    z: torch.Tensor,
+    acc: torch.Tensor,
+    ver: torch.Tensor | None,
+    temps: torch.Tensor,
+    n_bins: int,
+    objective: str,
+) -> FitInfo:
+    """The :class:`FitInfo` of temperatures ``temps`` [γ] on the fitting data z [N, γ]."""
+    gamma = z.shape[1]
+    labels, _ = survival_labels(acc, gamma, ver)
+    mask = verified_mask(acc, gamma, ver)
+    return FitInfo(
+        n_samples=z.shape[0],
+        gamma=gamma,
+        n_labelled=mask.sum(dim=0).tolist(),
+        n_bins=n_bins,
+        objective=objective,
+        ece_before=_survival_ece(torch.sigmoid(z), labels, mask, n_bins),
+        ece_after=_survival_ece(torch.sigmoid(z / temps), labels, mask, n_bins),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# One temperature: BCE on the conditional labels
+# --------------------------------------------------------------------------------------------
+
+
+def _golden_min(f: Callable[[float], float], lo: float, hi: float, iters: int = 80) -> float:
+    """Minimiser of a unimodal f on [lo, hi] by golden-section search."""
+    inv_phi = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - inv_phi * (b - a), a + inv_phi * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - inv_phi * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + inv_phi * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def fit_temperature(zs: torch.Tensor, ys: torch.Tensor, t_min: float, t_max: float) -> float:
+    """T in [t_min, t_max] minimising the BCE of σ(zs / T) against ys (both [M]).
+
+    The loss is convex in 1/T, hence unimodal in log T: a bounded scalar search in log T finds it.
+    """
+
+    def nll(log_t: float) -> float:
+        return float(F.binary_cross_entropy_with_logits(zs / math.exp(log_t), ys))
+
+    return math.exp(_golden_min(nll, math.log(t_min), math.log(t_max)))
+
+
+# --------------------------------------------------------------------------------------------
+# Sequential temperature scaling: one position's grid search
+# --------------------------------------------------------------------------------------------
+
+
+def _grid_scores(
+    prefix: torch.Tensor, zj: torch.Tensor, y: torch.Tensor, temps: torch.Tensor, n_bins: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Survival ECE and Brier [G] of prefix·σ(z_j / T) for each candidate T [G].
+
+    ``prefix`` [M] = Π_{i<j} c_i, ``zj`` [M], ``y`` [M]. The grid is chunked to bound memory.
+    """
+    m = zj.numel()
+    chunk = max(1, 4_000_000 // m)
+    eces, briers = [], []
+    for start in range(0, temps.numel(), chunk):
+        t = temps[start : start + chunk]  # [g]
+        pred = prefix[None, :] * torch.sigmoid(zj[None, :] / t[:, None])  # [g, M]
+        eces.append(ece_rows(pred, y, n_bins))
+        briers.append(((pred - y[None, :]) ** 2).mean(dim=1))
+    return torch.cat(eces), torch.cat(briers)
+
+
+def _pick(ece: torch.Tensor, brier: torch.Tensor, tol: float) -> int:
+    """Index of the lowest ECE; candidates within ``tol`` of it are tie-broken by Brier."""
+    tied = ece <= ece.min() + tol
+    return int(torch.where(tied, brier, torch.full_like(brier, math.inf)).argmin())
+
+
+def sts_search(
+    prefix: torch.Tensor,
+    zj: torch.Tensor,
+    y: torch.Tensor,
+    grid: torch.Tensor,
+    *,
+    n_bins: int,
+    refine_steps: int,
+    ece_tolerance: float,
+) -> float:
+    """Best T_j for one position: the coarse log ``grid`` [G], then finer grids around the winner.
+
+    ``prefix`` [M] = Π_{i<j} c_i, ``zj`` [M] and the survival labels ``y`` [M] of the rows whose
+    position j was verified.
+    """
+    cands = grid
+    ece, brier = _grid_scores(prefix, zj, y, cands, n_bins)
+    best = _pick(ece, brier, ece_tolerance)
+    for _ in range(refine_steps):
+        lo = cands[max(best - 1, 0)].log()
+        hi = cands[min(best + 1, cands.numel() - 1)].log()
+        fine = torch.exp(torch.linspace(float(lo), float(hi), 41, dtype=torch.float64))
+        # Keep the incumbent so refinement can never make the choice worse.
+        cands = torch.cat([fine, cands[best : best + 1]])
+        cands, _ = torch.sort(cands)
+        ece, brier = _grid_scores(prefix, zj, y, cands, n_bins)
+        best = _pick(ece, brier, ece_tolerance)
+    return float(cands[best])
