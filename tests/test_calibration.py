@@ -136,6 +136,31 @@ def test_temperature_recovers_the_slope_without_bias():
     assert torch.allclose(cal.calibrate(z), torch.sigmoid(z / cal.temperature))
 
 
+@pytest.mark.parametrize("slope, bias", [(3.0, 0.0), (2.0, 0.2), (0.7, -0.5)])
+def test_temperature_matches_a_golden_section_search(slope, bias):
+    """The fitted T (scipy's bounded Brent) is the BCE minimiser the former hand-written
+    golden-section search in log T found, to 1e-4."""
+    data = synthetic_rounds(
+        20_000, 6, slope=slope, bias=bias, generator=torch.Generator().manual_seed(1)
+    )
+    z = data.logits.double()
+    labels, at_risk = conditional_labels(data.accepted, 6)
+    zs, ys = z[at_risk], labels[at_risk].double()
+
+    def nll(log_t: float) -> float:
+        return float(torch.nn.functional.binary_cross_entropy_with_logits(zs / math.exp(log_t), ys))
+
+    inv_phi = (math.sqrt(5) - 1) / 2
+    a, b = math.log(0.01), math.log(100.0)
+    for _ in range(80):
+        c, d = b - inv_phi * (b - a), a + inv_phi * (b - a)
+        a, b = (a, d) if nll(c) <= nll(d) else (c, b)
+    expected = math.exp((a + b) / 2)
+    assert TemperatureCalibrator().fit(data.logits, data.accepted).temperature == pytest.approx(
+        expected, rel=1e-4
+    )
+
+
 def test_temperature_generalises_to_longer_blocks(rounds):
     fit, _ = rounds
     cal = TemperatureCalibrator().fit(fit.logits[:, :3], fit.accepted.clamp(max=3))

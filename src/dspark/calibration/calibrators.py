@@ -105,8 +105,9 @@ class TemperatureCalibrator:
 
     T minimises the binary cross-entropy of σ(z_j / T) against the per-step conditional labels
     (rows at risk at j: accepted ≥ j − 1 and j verified). The loss is convex in 1/T, hence
-    unimodal in log T, so a golden-section search over [t_min, t_max] finds the optimum.
-    Being position-agnostic, it also calibrates blocks longer than the one it was fitted on.
+    unimodal in log T, so a bounded scalar search (scipy's Brent) over [t_min, t_max] finds the
+    optimum. Being position-agnostic, it also calibrates blocks longer than the one it was fitted
+    on.
     """
 
     name: ClassVar[str] = "temperature"
