@@ -1,0 +1,56 @@
+"""Cost models: the hardware's verification speed SPS(B) and the batch B a schedule costs.
+
+Two built-ins satisfy :class:`dspark.protocols.CostModel` (docs/math.md §4):
+
+* :class:`SPSTableCostModel` (``"sps-table"``): measured step times from an :class:`SPSProfile`,
+  interpolated linearly or as a staircase, because real curves have CUDA-graph buckets (§4).
+* :class:`RooflineCostModel` (``"roofline"``): an analytic memory/compute roofline, with presets
+  for NVIDIA data-centre GPUs.
+
+Both own the engine's *accounting*: of R requests verifying ℓ_r drafts each, ``"packed"`` engines
+verify B = Σ_r (1 + ℓ_r) tokens, ``"padded"`` ones (HF batch with padding) pay B = R · (1 + max ℓ).
+A step costs t(B) + α(R), α(R) being the per-request overhead a profile may record (else 0).
+
+Modules: :mod:`~dspark.cost_models.accounting` (B for a schedule, α(R), the shared protocol
+methods), :mod:`~dspark.cost_models.profiles` (:class:`SPSProfile`, its JSON file and
+validation), :mod:`~dspark.cost_models.table` (``sps-table``) and
+:mod:`~dspark.cost_models.roofline` (``roofline`` and :data:`GPU_PRESETS`). Everything public is
+importable from ``dspark.cost_models``.
+"""
+
+from __future__ import annotations
+
+from dspark.cost_models.accounting import (
+    ACCOUNTINGS,
+    admission_batch_sizes,
+    batch_overhead,
+    batch_size,
+    round_seconds,
+)
+from dspark.cost_models.profiles import ProfileError, SPSProfile, default_profile_path
+from dspark.cost_models.roofline import (
+    GPU_PRESETS,
+    GPUSpec,
+    RooflineCostModel,
+    roofline_step_seconds,
+)
+from dspark.cost_models.table import EXTRAPOLATIONS as EXTRAPOLATIONS  # outside __all__, as before
+from dspark.cost_models.table import INTERPOLATIONS as INTERPOLATIONS
+from dspark.cost_models.table import SPSTableCostModel, table_step_seconds
+
+__all__ = [
+    "ACCOUNTINGS",
+    "GPU_PRESETS",
+    "GPUSpec",
+    "ProfileError",
+    "RooflineCostModel",
+    "SPSProfile",
+    "SPSTableCostModel",
+    "admission_batch_sizes",
+    "batch_overhead",
+    "batch_size",
+    "default_profile_path",
+    "round_seconds",
+    "roofline_step_seconds",
+    "table_step_seconds",
+]

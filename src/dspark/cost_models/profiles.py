@@ -1,0 +1,233 @@
+"""SPS profiles: measured step times of one target on one device, read from and written to JSON.
+
+Every defect of a profile file raises :class:`ProfileError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+from attrs import field, frozen
+
+from dspark.cost_models.accounting import check_accounting, is_number
+
+__all__ = ["ProfileError", "SPSProfile", "default_profile_path"]
+
+
+class ProfileError(ValueError):
+    """An SPS profile is missing a field, holds a bad value, or cannot be read."""
+
+
+def _check_profile_accounting(inst: object, attribute: Any, value: object) -> None:
+    try:
+        check_accounting(inst, attribute, value)
+    except ValueError as err:
+        raise ProfileError(str(err)) from None
+
+
+def _parse_point(index: int, point: Mapping[str, Any]) -> tuple[Any, Any]:
+    """One JSON point {"batch_size", "step_seconds" | "steps_per_second"} → (B, seconds)."""
+    where = f"points[{index}]"
+    unknown = set(point) - {"batch_size", "step_seconds", "steps_per_second"}
+    if unknown:
+        raise ProfileError(f"{where} has unknown field(s) {sorted(unknown)}")
+    if "batch_size" not in point:
+        raise ProfileError(f"{where}.batch_size is missing")
+    has_seconds, has_rate = "step_seconds" in point, "steps_per_second" in point
+    if has_seconds == has_rate:
+        raise ProfileError(
+            f"{where} must give exactly one of step_seconds / steps_per_second, "
+            f"got {'both' if has_seconds else 'neither'}"
+        )
+    if has_seconds:
+        return point["batch_size"], point["step_seconds"]
+    rate = point["steps_per_second"]
+    if not is_number(rate) or not math.isfinite(rate) or rate <= 0:
+        raise ProfileError(f"{where}.steps_per_second must be a finite number > 0, got {rate!r}")
+    return point["batch_size"], 1.0 / rate
+
+
+def _to_points(value: object) -> tuple[tuple[Any, Any], ...]:
+    """{B: seconds}, [(B, seconds)] or JSON point dicts → ((B, seconds), ...), unvalidated.
+
+    A mapping is sorted (its order means nothing); a sequence keeps its order so that an
+    unsorted file is reported rather than silently reordered.
+    """
+    try:
+        items = sorted(value.items()) if isinstance(value, Mapping) else list(value)  # type: ignore[attr-defined]
+        return tuple(
+            _parse_point(i, p) if isinstance(p, Mapping) else tuple(p) for i, p in enumerate(items)
+        )
+    except ProfileError:
+        raise
+    except (TypeError, ValueError):
+        raise ProfileError(
+            "points must be a list of {batch_size, step_seconds} objects, (batch_size, "
+            f"step_seconds) pairs or a {{batch_size: step_seconds}} mapping, got {value!r}"
+        ) from None
+
+
+def _check_points(_inst: object, _attr: object, points: tuple[tuple[Any, Any], ...]) -> None:
+    if not points:
+        raise ProfileError("points must hold at least one measured point")
+    previous = 0
+    for i, point in enumerate(points):
+        if len(point) != 2:
+            raise ProfileError(f"points[{i}] must be a (batch_size, step_seconds) pair")
+        size, seconds = point
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ProfileError(f"points[{i}].batch_size must be an integer >= 1, got {size!r}")
+        if size == previous:
+            raise ProfileError(f"points[{i}].batch_size {size} is a duplicate")
+        if size < previous:
+            raise ProfileError(
+                f"points[{i}].batch_size {size} follows {previous}: points must be sorted by "
+                "batch_size, ascending"
+            )
+        if not is_number(seconds) or not math.isfinite(seconds) or seconds <= 0:
+            raise ProfileError(
+                f"points[{i}].step_seconds must be a finite number > 0, got {seconds!r}"
+            )
+        previous = size
+
+
+def _nonempty_str(_inst: object, attribute: Any, value: object) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ProfileError(f"{attribute.name} must be a non-empty string, got {value!r}")
+
+
+def _optional_threads(_inst: object, _attr: object, value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ProfileError(f"threads must be an integer >= 1 or absent, got {value!r}")
+
+
+def _notes(_inst: object, _attr: object, value: object) -> None:
+    if not isinstance(value, str):
+        raise ProfileError(f"notes must be a string, got {value!r}")
+
+
+_REQUIRED_FIELDS = ("device", "model", "dtype", "date", "accounting", "points")
+_OPTIONAL_FIELDS = ("threads", "notes", "batch_overhead")
+
+
+def _to_overhead(value: object) -> tuple[tuple[Any, Any], ...]:
+    """[{num_requests, seconds}] or [(R, seconds)] → ((R, seconds), ...), unvalidated."""
+    try:
+        return tuple((p["num_requests"], p["seconds"]) if isinstance(p, Mapping) else tuple(p)
+                     for p in value)  # type: ignore[attr-defined]
+    except (KeyError, TypeError, ValueError):
+        raise ProfileError("batch_overhead must be a list of {num_requests, seconds} objects, got "
+                           f"{value!r}") from None
+
+
+def _check_overhead(_inst: object, _attr: object, points: tuple[tuple[Any, Any], ...]) -> None:
+    previous = 0
+    for i, point in enumerate(points):
+        if len(point) != 2:
+            raise ProfileError(f"batch_overhead[{i}] must be a (num_requests, seconds) pair")
+        R, seconds = point
+        if not isinstance(R, int) or isinstance(R, bool) or R <= previous:
+            raise ProfileError(f"batch_overhead[{i}].num_requests must be an integer above {previous}, got {R!r}")
+        if not is_number(seconds) or not math.isfinite(seconds) or seconds < 0:
+            raise ProfileError(f"batch_overhead[{i}].seconds must be a finite number >= 0, got {seconds!r}")
+        previous = R
+
+
+@frozen
+class SPSProfile:
+    """Measured verification step times of one target on one device.
+
+    ``points`` pairs each profiled batch size B (tokens, strictly increasing) with its step time in
+    seconds; ``accounting`` says which shape B was measured as (packed or padded).
+    ``batch_overhead`` (optional) pairs request counts R with α(R), the part of a step that grows
+    with the number of requests rather than with B (separate KV caches, per-request bookkeeping):
+    a step costs points(B) + α(R), the additive model ``dspark profile`` fits (α(1) = 0).
+    """
+
+    device: str = field(validator=_nonempty_str)
+    model: str = field(validator=_nonempty_str)
+    dtype: str = field(validator=_nonempty_str)
+    date: str = field(validator=_nonempty_str)
+    accounting: str = field(validator=_check_profile_accounting)
+    points: tuple[tuple[int, float], ...] = field(converter=_to_points, validator=_check_points)
+    threads: int | None = field(default=None, validator=_optional_threads)
+    notes: str = field(default="", validator=_notes)
+    batch_overhead: tuple[tuple[int, float], ...] = field(default=(), converter=_to_overhead,
+                                                          validator=_check_overhead)
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(size for size, _ in self.points)
+
+    @property
+    def step_seconds(self) -> tuple[float, ...]:
+        return tuple(float(seconds) for _, seconds in self.points)
+
+    @classmethod
+    def from_json(
+        cls, source: str | os.PathLike[str] | Traversable | Mapping[str, Any]
+    ) -> SPSProfile:
+        """Read a profile from a JSON file (path) or an already-parsed dict.
+
+        Any defect raises :class:`ProfileError` naming the file and the field.
+        """
+        if isinstance(source, Mapping):
+            where, data = "SPS profile", source
+        elif isinstance(source, (str, os.PathLike, Traversable)):
+            path = source if isinstance(source, Traversable) else Path(source)
+            where = f"SPS profile {path}"
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except OSError as err:
+                raise ProfileError(f"{where}: cannot read it ({err.strerror or err})") from None
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ProfileError(f"{where}: not valid JSON ({err})") from None
+        else:
+            raise TypeError(
+                f"an SPS profile is read from a path or a dict, got {type(source).__name__}"
+            )
+        try:
+            if not isinstance(data, Mapping):
+                raise ProfileError(f"must be a JSON object, got {type(data).__name__}")
+            missing = [name for name in _REQUIRED_FIELDS if name not in data]
+            if missing:
+                raise ProfileError(f"missing required field(s) {missing}")
+            unknown = set(data) - set(_REQUIRED_FIELDS) - set(_OPTIONAL_FIELDS)
+            if unknown:
+                raise ProfileError(f"unknown field(s) {sorted(unknown)}")
+            return cls(**data)
+        except ProfileError as err:
+            raise ProfileError(f"{where}: {err}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form read by :meth:`from_json`; optional fields only when set."""
+        data: dict[str, Any] = {
+            "device": self.device,
+            "model": self.model,
+            "dtype": self.dtype,
+            "date": self.date,
+            "accounting": self.accounting,
+            "points": [{"batch_size": b, "step_seconds": s} for b, s in self.points],
+        }
+        if self.threads is not None:
+            data["threads"] = self.threads
+        if self.notes:
+            data["notes"] = self.notes
+        if self.batch_overhead:
+            data["batch_overhead"] = [{"num_requests": r, "seconds": v} for r, v in self.batch_overhead]
+        return data
+
+    def to_json(self, path: str | os.PathLike[str]) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+def default_profile_path() -> Traversable:
+    """The shipped CPU profile: SmolLM2-135M, fp32, 2-core EPYC (measured before the project's first release; re-profile with `dspark profile`)."""
+    return resources.files("dspark") / "data" / "cpu_smollm2_fp32.json"
