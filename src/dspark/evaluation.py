@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from attrs import frozen
 
+from dspark import serialization
+
 __all__ = ["Rounds", "collect_rounds", "evaluate_rounds", "threshold_sweep", "fit_sts_from_rounds"]
 
 
@@ -47,9 +49,7 @@ class Rounds:
                       self.new_tokens, self.seconds)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"domain": list(self.domain), "accepted": self.accepted.tolist(), "proposed": self.proposed.tolist(),
-                "verified": self.verified.tolist(), "confidence_logits": self.confidence_logits.tolist(),
-                "prompt": list(self.prompt), "new_tokens": self.new_tokens, "seconds": self.seconds}
+        return serialization.to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Rounds:

@@ -38,6 +38,8 @@ import numpy as np
 import torch
 from attrs import field, frozen
 
+from dspark import serialization
+
 __all__ = [
     "ConfidenceReport",
     "auroc",
@@ -301,10 +303,6 @@ def _ints(values: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-def _json_float(v: float) -> float | None:
-    return None if math.isnan(v) else v  # JSON has no NaN
-
-
 @frozen
 class ConfidenceReport:
     """Per-position confidence quality; every field is a tuple with one entry per position j.
@@ -345,13 +343,7 @@ class ConfidenceReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: ``gamma``, ``n_bins`` and one list per column (``nan`` → ``None``)."""
-        out: dict[str, Any] = {"gamma": self.gamma, "n_bins": self.n_bins}
-        for a in self.__attrs_attrs__:
-            if a.name == "n_bins":
-                continue
-            values = getattr(self, a.name)
-            out[a.name] = [v if isinstance(v, int) else _json_float(v) for v in values]
-        return out
+        return {"gamma": self.gamma, **serialization.to_dict(self, nan_as_none=True)}
 
     def to_markdown(self, title: str | None = None) -> str:
         """A markdown table, one row per position j."""

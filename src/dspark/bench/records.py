@@ -14,7 +14,9 @@ import math
 from typing import Any
 
 import numpy as np
-from attrs import asdict, define, field, frozen
+from attrs import define, field, frozen
+
+from dspark import serialization
 
 __all__ = ["RoundRecord", "RequestRecord", "LevelRun", "summarise_run", "percentile"]
 
@@ -59,13 +61,12 @@ class LevelRun:
     simulated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return serialization.to_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LevelRun:
-        return cls(d["scheduler"], d["concurrency"], d["arrival"], d["rate"], d["makespan"],
-                   [RoundRecord(**r) for r in d["rounds"]], [RequestRecord(**r) for r in d["requests"]],
-                   d.get("simulated", False))
+        return serialization.from_dict(cls, d, rounds=[RoundRecord(**r) for r in d["rounds"]],
+                                       requests=[RequestRecord(**r) for r in d["requests"]])
 
 
 def percentile(values: list[float], q: float) -> float:

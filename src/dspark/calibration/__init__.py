@@ -19,7 +19,7 @@ JSON format (``to_dict`` / ``save`` / :func:`load_calibrator`)::
      "name": "sts",                 # dispatch key: identity | temperature | sts
      "gamma": 7,                    # positions fitted (null: unfitted / any length)
      "temperatures": [T_1, ...],    # identity: [], temperature: [T] (shared), sts: [T_1..T_γ]
-     "options": {...},              # fitting hyper-parameters
+     "options": {...},              # fitting hyper-parameters: the fields but T and fit_info
      "fit": null | {"n_samples": N, "gamma": γ, "n_labelled": [...], "n_bins": 15,
                     "objective": "...", "ece_before": [...], "ece_after": [...]}}
 

@@ -15,6 +15,7 @@ import attrs
 import torch
 from attrs import field, frozen
 
+from dspark import serialization
 from dspark.calibration.fitting import check_logits, fit_data, fit_info, fit_temperature, sts_search
 from dspark.calibration.format import (
     CalibratorFormatError,
@@ -81,7 +82,7 @@ class IdentityCalibrator:
 
     def to_dict(self) -> dict[str, Any]:
         gamma = None if self.fit_info is None else self.fit_info.gamma
-        return dump(self, [], gamma, {"n_bins": self.n_bins})
+        return dump(self, [], gamma, serialization.to_dict(self, exclude=("fit_info",)))
 
     def save(self, path: str | Path) -> None:
         save(self, path)
@@ -139,7 +140,7 @@ class TemperatureCalibrator:
 
     def to_dict(self) -> dict[str, Any]:
         gamma = None if self.fit_info is None else self.fit_info.gamma
-        opts = {"t_min": self.t_min, "t_max": self.t_max, "n_bins": self.n_bins}
+        opts = serialization.to_dict(self, exclude=("temperature", "fit_info"))
         return dump(self, [self.temperature], gamma, opts)
 
     def save(self, path: str | Path) -> None:
@@ -254,14 +255,7 @@ class STSCalibrator:
         return attrs.evolve(self, temperatures=tuple(temps), fit_info=info)
 
     def to_dict(self) -> dict[str, Any]:
-        opts = {
-            "n_bins": self.n_bins,
-            "t_min": self.t_min,
-            "t_max": self.t_max,
-            "grid_size": self.grid_size,
-            "refine_steps": self.refine_steps,
-            "ece_tolerance": self.ece_tolerance,
-        }
+        opts = serialization.to_dict(self, exclude=("temperatures", "fit_info"))
         return dump(self, list(self.temperatures), self.gamma or None, opts)
 
     def save(self, path: str | Path) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 from attrs import field, frozen
 
+from dspark import serialization
+
 __all__ = ["FORMAT", "FORMAT_VERSION", "CalibratorFormatError", "FitInfo"]
 
 FORMAT = "dspark.calibrator"
@@ -46,18 +48,7 @@ class FitInfo:
     ece_after: tuple[float, ...] = field(converter=_nan_tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        def clean(vs: tuple[float, ...]) -> list[float | None]:
-            return [None if math.isnan(v) else v for v in vs]
-
-        return {
-            "n_samples": self.n_samples,
-            "gamma": self.gamma,
-            "n_labelled": list(self.n_labelled),
-            "n_bins": self.n_bins,
-            "objective": self.objective,
-            "ece_before": clean(self.ece_before),
-            "ece_after": clean(self.ece_after),
-        }
+        return serialization.to_dict(self, nan_as_none=True)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str) -> FitInfo:
