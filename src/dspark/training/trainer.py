@@ -92,7 +92,12 @@ class TrainConfig:
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
-    """Linear warmup over warmup_frac·steps, then cosine to min_lr_frac·lr."""
+    """Linear warmup over W = max(1, warmup_frac·steps) steps, then cosine to min_lr_frac·lr.
+
+    After warmup this is transformers' ``get_cosine_with_min_lr_schedule_with_warmup``; during
+    warmup it is that schedule one step ahead (step s trains at lr·(s + 1)/W, not lr·s/W), so no
+    batch is spent at lr 0 (tests/test_lr_schedule.py).
+    """
     warm = max(1, int(round(cfg.warmup_frac * cfg.steps)))
     if step < warm:
         return cfg.lr * (step + 1) / warm
