@@ -10,7 +10,7 @@ Every source yields :class:`Prompt` values. Nothing is fetched from a network:
 * ``jsonl`` — the user's own files: one object per line with a ``prompt`` (or ``messages``) field
   and an optional ``domain``.
 
-Train/eval split is by prompt hash (:func:`prompt_hash`), so a held-out prompt can never appear in
+Train/eval split is by prompt hash (:func:`prompt_hash`; a conversation's over all its turns), so a held-out prompt can never appear in
 training data however the sources are re-generated or re-ordered.
 """
 
@@ -23,11 +23,12 @@ import json
 import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from attrs import field, frozen
 
 __all__ = ["Prompt", "DOMAINS", "prompt_hash", "is_heldout", "math_prompts", "code_prompts",
-           "chat_prompts", "jsonl_prompts", "builtin_prompts", "split"]
+           "chat_prompts", "jsonl_prompts", "builtin_prompts", "split", "prompt_request"]
 
 DOMAINS = ("math", "code", "chat")
 
@@ -42,10 +43,30 @@ def is_heldout(text: str, eval_fraction: float) -> bool:
     return int(prompt_hash(text)[:8], 16) / 0xFFFFFFFF < eval_fraction
 
 
+def _messages(value: Any) -> tuple[tuple[str, str], ...] | None:
+    """Chat messages as ((role, content), ...): from dicts or pairs; None stays None."""
+    if value is None:
+        return None
+    out = []
+    for m in value:
+        role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else tuple(m)
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise ValueError(f"a chat message needs a string role and content, got {m!r}")
+        out.append((role, content))
+    if not out or out[-1][0] != "user":
+        raise ValueError("a multi-turn prompt's messages must end with a user turn")
+    return tuple(out)
+
+
 @frozen
 class Prompt:
+    """A prompt: ``text`` (for a multi-turn prompt, its last user turn) and, optionally, the whole
+    conversation as ``messages`` ((role, content) pairs ending with a user turn) — earlier
+    assistant turns included, which the chat template renders before the new response."""
+
     text: str
     domain: str = field()
+    messages: tuple[tuple[str, str], ...] | None = field(default=None, converter=_messages)
 
     @domain.validator
     def _check(self, _a: object, v: str) -> None:
@@ -54,7 +75,22 @@ class Prompt:
 
     @property
     def key(self) -> str:
-        return prompt_hash(self.text)
+        """Split and resume key: the text's hash, or for a conversation the hash of every turn."""
+        if self.messages is None:
+            return prompt_hash(self.text)
+        return prompt_hash(json.dumps([list(m) for m in self.messages], ensure_ascii=False))
+
+    @property
+    def request(self) -> str | list[dict[str, str]]:
+        """What the engine encodes: the text, or the conversation as chat-template messages."""
+        if self.messages is None:
+            return self.text
+        return [{"role": r, "content": c} for r, c in self.messages]
+
+
+def prompt_request(p: Any) -> Any:
+    """``p.request`` when a prompt has one, else ``p.text`` (token-id prompts in tests, say)."""
+    return getattr(p, "request", p.text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,7 +258,7 @@ def jsonl_lines(path: str | Path, missing: str) -> Iterator[tuple[int, str]]:
 
 def jsonl_prompts(path: str | Path, default_domain: str = "user") -> Iterator[Prompt]:
     """Prompts from a JSONL file: ``{"prompt": str, "domain"?: str}`` or ``{"messages": [...]}``
-    (the last user message is the prompt)."""
+    (a conversation ending with a user turn; every turn is kept for the chat template)."""
     for lineno, line in jsonl_lines(path, f"prompt file {path} does not exist"):
         try:
             row = json.loads(line)
@@ -230,13 +266,21 @@ def jsonl_prompts(path: str | Path, default_domain: str = "user") -> Iterator[Pr
             raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}:{lineno}: each line must be a JSON object")
-        text = row.get("prompt")
+        text, messages = row.get("prompt"), None
         if text is None and isinstance(row.get("messages"), list):
-            users = [m.get("content") for m in row["messages"] if isinstance(m, dict) and m.get("role") == "user"]
-            text = users[-1] if users else None
+            rows = row["messages"]
+            last = max((i for i, m in enumerate(rows) if isinstance(m, dict) and m.get("role") == "user"),
+                       default=None)  # the prompt ends at the last user turn
+            try:
+                messages = _messages(rows[:last + 1]) if last is not None else None
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: bad 'messages' ({exc})") from None
+            text = messages[-1][1] if messages else None
+            if messages is not None and len(messages) == 1:
+                messages = None  # one user turn: the same prompt as {"prompt": ...}
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"{path}:{lineno}: needs a non-empty 'prompt' string (or user 'messages')")
-        yield Prompt(text, str(row.get("domain") or default_domain))
+        yield Prompt(text, str(row.get("domain") or default_domain), messages)
 
 
 def builtin_prompts(per_domain: int, seed: int = 0, domains: Iterable[str] = DOMAINS,
@@ -260,5 +304,5 @@ def split(prompts: Iterable[Prompt], eval_fraction: float) -> tuple[list[Prompt]
         if p.key in seen:
             continue
         seen.add(p.key)
-        (held if is_heldout(p.text, eval_fraction) else train).append(p)
+        (held if int(p.key[:8], 16) / 0xFFFFFFFF < eval_fraction else train).append(p)  # = is_heldout(p.text), one turn
     return train, held

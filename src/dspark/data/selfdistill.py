@@ -1,7 +1,8 @@
 """Self-distillation data: the *target* writes the responses, batched through the engine.
 
 A record (one JSON line) is ``{"key", "domain", "prompt", "prompt_ids", "response_ids",
-"finish_reason", "temperature"}``: ``prompt_ids`` is the chat-templated prompt, ``response_ids``
+"finish_reason", "temperature"}`` (plus ``"messages"`` for a multi-turn prompt, whose ``prompt`` is
+its last user turn): ``prompt_ids`` is the chat-templated prompt, every turn included, ``response_ids``
 what the target generated. The training loss mask is the response: positions of
 ``prompt_ids + response_ids`` at or after ``len(prompt_ids)``.
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from attrs import frozen
 
-from dspark.data.prompts import Prompt
+from dspark.data.prompts import Prompt, prompt_request
 from dspark.types import SamplingParams
 
 __all__ = ["Record", "read_records", "done_keys", "generate_records", "write_prompts"]
@@ -34,15 +35,19 @@ class Record:
     response_ids: tuple[int, ...]
     finish_reason: str | None = None
     temperature: float = 0.0
+    messages: tuple[tuple[str, str], ...] | None = None  # a multi-turn prompt's turns
 
     @property
     def ids(self) -> list[int]:
         return list(self.prompt_ids) + list(self.response_ids)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "domain": self.domain, "prompt": self.prompt,
-                "prompt_ids": list(self.prompt_ids), "response_ids": list(self.response_ids),
-                "finish_reason": self.finish_reason, "temperature": self.temperature}
+        out = {"key": self.key, "domain": self.domain, "prompt": self.prompt,
+               "prompt_ids": list(self.prompt_ids), "response_ids": list(self.response_ids),
+               "finish_reason": self.finish_reason, "temperature": self.temperature}
+        if self.messages is not None:
+            out["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+        return out
 
 
 def read_records(path: str | Path) -> list[Record]:
@@ -53,8 +58,10 @@ def read_records(path: str | Path) -> list[Record]:
     for lineno, line in jsonl_lines(path, f"training data {path} does not exist (build it with `dspark data`)"):
         try:
             row = json.loads(line)
+            msgs = row.get("messages")
             rec = Record(row["key"], row["domain"], row["prompt"], tuple(row["prompt_ids"]),
-                         tuple(row["response_ids"]), row.get("finish_reason"), float(row.get("temperature", 0.0)))
+                         tuple(row["response_ids"]), row.get("finish_reason"), float(row.get("temperature", 0.0)),
+                         tuple((m["role"], m["content"]) for m in msgs) if msgs else None)
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             if lineno > 1 and not line.endswith("\n"):
                 break  # a torn last line from an interrupted run: ignore it
@@ -71,10 +78,13 @@ def done_keys(path: str | Path) -> set[str]:
 
 
 def write_prompts(path: str | Path, prompts: Sequence[Prompt]) -> None:
-    """Held-out prompts as JSONL (``{"prompt", "domain", "key"}``), readable by ``jsonl_prompts``."""
+    """Held-out prompts as JSONL (``{"prompt", "domain", "key"}``, or ``{"messages", ...}`` for a
+    conversation), readable by ``jsonl_prompts``."""
     with Path(path).open("w", encoding="utf-8") as fh:
         for p in prompts:
-            fh.write(json.dumps({"prompt": p.text, "domain": p.domain, "key": p.key}) + "\n")
+            msgs = getattr(p, "messages", None)
+            head = {"messages": [{"role": r, "content": c} for r, c in msgs]} if msgs else {"prompt": p.text}
+            fh.write(json.dumps({**head, "domain": p.domain, "key": p.key}) + "\n")
 
 
 def generate_records(
@@ -97,11 +107,12 @@ def generate_records(
         while pending or by_rid:
             while pending and len(by_rid) < concurrency:
                 p = pending.pop()
-                rid = engine.add_request(p.text, sampling, max_new_tokens=max_new_tokens, request_id=p.key)
+                rid = engine.add_request(prompt_request(p), sampling, max_new_tokens=max_new_tokens,
+                                         request_id=p.key)  # a conversation: every turn is templated
                 by_rid[rid] = p
             engine.step()
             for c in engine.pop_finished():
                 p = by_rid.pop(c.request_id)
                 bar.update(1)
                 yield Record(p.key, p.domain, p.text, tuple(c.prompt_ids), tuple(c.output_ids),
-                             c.finish_reason, sampling.temperature)
+                             c.finish_reason, sampling.temperature, getattr(p, "messages", None))
