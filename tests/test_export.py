@@ -457,8 +457,8 @@ def test_profiles_in_the_repo_load_and_default_matches_the_builtin(tmp_path):
     assert load_profile(ROOT / "export" / "profiles" / "default.json") == EngineProfile()
     p = load_profile(ROOT / "export" / "profiles" / "default.json", batch="1,2,4", precision="bf16")
     assert p.batch == (1, 2, 4) and p.precision == "bf16"
-    assert p.axes("dspark", "backbone", 7) == {"batch": (1, 2, 4), "block": (7, 7, 7), "past": p.past}
-    assert p.axes("eagle3", "step", 7)["new"] == (1, 1, 1)
+    assert p.axes("backbone", 7) == {"batch": (1, 2, 4), "block": (7, 7, 7), "past": p.past}
+    assert p.axes("step", 7)["new"] == (1, 1, 1)
     with pytest.raises(ExportError, match="unknown keys"):
         bad = tmp_path / "bad-profile.json"
         bad.write_text('{"batchsize": [1, 2, 3]}')

@@ -108,8 +108,18 @@ class NoneScheduler:
         return Schedule(torch.zeros(R, dtype=torch.long), torch.cumprod(confidence, 1), float(R), R)
 
 
+def WideDFlash():  # noqa: N802 (a zero-argument factory, registered like a class)
+    """A third party's kind: DFlash's module, graphs, round and recipe, 2 draft layers by default."""
+    from dspark.drafters.kinds import NeuralKind
+
+    return NeuralKind("wide-dflash", "DFlash with two draft layers", "dspark.drafters.neural:BlockDrafter",
+                      defaults={"num_layers": 2}, uses_mask_token=True,
+                      loss_weights={"lambda_ce": 1.0, "lambda_l1": 0.0, "lambda_conf": 0.0})
+
+
 IMPLS = {
     "drafters": ("register_drafters", "echo", EchoDrafter, dspark.get_drafter),
+    "drafter_kinds": ("register_drafter_kinds", "wide-dflash", WideDFlash, dspark.get_drafter_kind),
     "sequential_heads": ("register_sequential_heads", "zero", ZeroHead, dspark.get_sequential_head),
     "confidence_models": ("register_confidence_models", "half", HalfConfidence, dspark.get_confidence_model),
     "calibrators": ("register_calibrators", "clamp", ClampCalibrator, dspark.get_calibrator),
@@ -291,3 +301,44 @@ def test_specific_errors_keep_their_type_through_the_registry(tmp_path):
     bad.write_text('{"points": []}')
     with pytest.raises(ProfileError, match="cost model 'sps-table'"):
         dspark.get_cost_model("sps-table", profile=bad)
+
+
+def test_a_plugin_drafter_kind_drafts_trains_and_is_lossless(plugin_module):
+    """A kind registered by a plugin goes through the same config rules, drafting loop and
+    training recipe as the built-ins: its drafter's greedy output equals the target's."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from dspark.builtins import neural_drafter_factory
+    from dspark.targets import HFTarget
+    from dspark.training.trainer import TrainConfig
+
+    def register_drafter_kinds(register):
+        register("wide-dflash", WideDFlash)
+
+    def register_drafters(register):
+        register("wide-dflash", neural_drafter_factory("wide-dflash"))
+
+    plugin_module(register_drafter_kinds=register_drafter_kinds, register_drafters=register_drafters)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
+    target = HFTarget(AutoModelForCausalLM.from_config(cfg).eval())
+    drafter = dspark.get_drafter("wide-dflash", target=target, gamma=3)
+    assert drafter.config.kind == "wide-dflash" and drafter.config.num_layers == 2
+    assert drafter.config.mask_token_id == 63  # the kind's rule: the last vocabulary id
+    assert TrainConfig.for_kind("wide-dflash").lambda_ce == 1.0
+    with pytest.raises(ValueError, match="wide-dflash has no sequential head"):
+        dspark.get_drafter("wide-dflash", target=target, head="gated-markov")
+    prompt = torch.tensor([1, 5, 9, 2, 7])
+    plain = target.model.generate(prompt[None], max_new_tokens=12, do_sample=False)[0, 5:].tolist()
+    out = dspark.Engine(target, drafter, scheduler="full").generate([prompt], max_new_tokens=12, progress=False)
+    assert out[0].output_ids == plain
+
+
+def test_unknown_drafter_kind_names_the_known_ones():
+    from dspark.drafters.config import DrafterConfig
+
+    with pytest.raises(ValueError, match="unknown drafter kind 'dspak'; known: dflash, dspark, eagle3"):
+        DrafterConfig(kind="dspak", vocab_size=64, layer=dict(hidden_size=32, num_heads=4, num_kv_heads=2,
+                      head_dim=8, intermediate_size=64), target=dict(name="t", vocab_size=64, hidden_size=32,
+                      num_layers=4), target_layer_ids=(1,))

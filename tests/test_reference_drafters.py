@@ -14,6 +14,7 @@ import torch
 
 import reference_fixtures as rf
 from dspark.drafters.checkpoint import from_pretrained
+from dspark.drafters.loop import backbone
 from dspark.protocols.drafter import DraftContext
 from dspark.types import SamplingParams
 
@@ -42,7 +43,7 @@ def test_deepspec_drafter_matches_reference_rounds(name, target):
         torch.testing.assert_close(block.hidden[0].float(), t[f"round_{r}/block_hidden"], atol=ATOL, rtol=0)
         # base logits: the backbone alone (the cache now holds exactly this round's context)
         ids = t[f"round_{r}/known_ids"]
-        h, U = drafter.backbone(ids[-1:], torch.tensor([ids.numel() - 1]), [drafter._caches["req"]])
+        h, U = backbone(drafter.loop, ids[-1:], torch.tensor([ids.numel() - 1]), [drafter.loop.caches["req"]])
         torch.testing.assert_close(U[0].float(), t[f"round_{r}/base_logits"], atol=ATOL, rtol=0)
         torch.testing.assert_close(block.draft_logits[0].float(), t[f"round_{r}/step_logits"], atol=ATOL, rtol=0)
         assert block.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist()

@@ -80,7 +80,7 @@ def test_deepspec_eagle3_matches_reference_rounds(model):
         # the cache holds every committed (feature, next token) pair; the last feature waits
         assert d._caches["req"].length == t[f"round_{r}/known_ids"].numel() - 2
     d.release("req")
-    assert "req" not in d._caches and "req" not in d._pending
+    assert "req" not in d.loop.caches and "req" not in d.loop.pending
 
 
 def test_deepspec_eagle3_batched_with_a_fresh_request(model):

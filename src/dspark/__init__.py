@@ -25,6 +25,7 @@ from dspark.protocols import (  # noqa: E402
     CostModel,
     DraftContext,
     Drafter,
+    DrafterKind,
     Scheduler,
     SequentialHead,
     TargetModel,
@@ -59,6 +60,11 @@ def get_scheduler(name: str, /, **config: Any) -> Scheduler:
     return _create("schedulers", name, **config)
 
 
+def get_drafter_kind(name: str, /) -> DrafterKind:
+    """A registered kind of neural drafter (:mod:`dspark.drafters.kinds`)."""
+    return _create("drafter_kinds", name)
+
+
 __all__ = [
     "__version__",
     "hookimpl",
@@ -70,6 +76,8 @@ __all__ = [
     "get_calibrator",
     "get_cost_model",
     "get_scheduler",
+    "get_drafter_kind",
+    "DrafterKind",
     "Calibrator",
     "ConfidenceModel",
     "CostModel",

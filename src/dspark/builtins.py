@@ -7,11 +7,14 @@ from typing import Any
 from dspark.hookspecs import Register, hookimpl
 
 
-def _neural(kind: str):
+def neural_drafter_factory(kind: str):
+    """The drafter factory of a neural kind (a plugin's kind registers its drafter with this too):
+    ``factory(target=None, checkpoint=None, **config)`` builds a fresh drafter for ``target`` or
+    loads a trained one."""
     def factory(target: Any = None, checkpoint: Any = None, **config: Any):
         from dspark.drafters.checkpoint import from_pretrained
         from dspark.drafters.config import DrafterConfig
-        from dspark.drafters.neural import build_drafter
+        from dspark.drafters.kinds import drafter_kind
 
         if checkpoint is not None:
             from dspark.checkpoints import locate
@@ -23,34 +26,38 @@ def _neural(kind: str):
 
             checkpoint = locate(checkpoint)  # a folder, or a shipped drafter's name ("dspark-gated")
             drafter = from_pretrained(checkpoint, target)
-            if drafter.config.kind.split("-")[0] != kind.split("-")[0]:  # eagle3 also loads eagle3-fused
+            if drafter_kind(drafter.config.kind).family_name != drafter_kind(kind).family_name:
                 raise ValueError(f"{checkpoint} holds a {drafter.config.kind} drafter, not {kind}")
             return drafter
         if target is None:
             raise ValueError(f"the {kind} drafter needs target= (to copy its layer shape) or checkpoint=")
         cfg = DrafterConfig.for_target(target.model.config, kind, target_name=getattr(target, "name", "target"), **config)
-        drafter = build_drafter(cfg)
+        drafter = drafter_kind(kind).build(cfg)
         model = target.model
         drafter.to(next(model.parameters()).dtype)
         drafter.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
         return drafter.eval()
 
-    factory.__doc__ = {
-        "dspark": "DSpark: parallel backbone + sequential head + confidence head (target=, checkpoint=, config).",
-        "dflash": "DFlash: the parallel backbone alone (target=, checkpoint=, config).",
-        "eagle3": "Eagle3 (DeepSpec layout): one autoregressive layer over the fused target features.",
-        "eagle3-fused": "legacy: dspark's pre-reference Eagle3 layout (format_version 1 checkpoints).",
-    }[kind]
     return factory
+
+
+@hookimpl
+def register_drafter_kinds(register: Register) -> None:
+    from dspark.drafters.kinds import BUILTIN_KINDS
+
+    for kind in BUILTIN_KINDS:
+        register(kind.name, lambda kind=kind: kind, description=kind.description)
 
 
 @hookimpl
 def register_drafters(register: Register) -> None:
     from dspark.drafters import NGramDrafter
+    from dspark.drafters.kinds import BUILTIN_KINDS
 
     register("ngram", NGramDrafter)
-    for kind in ("dspark", "dflash", "eagle3", "eagle3-fused"):
-        register(kind, _neural(kind))
+    for kind in BUILTIN_KINDS:
+        register(kind.name, neural_drafter_factory(kind.name),
+                 description=f"{kind.description} (target=, checkpoint=, config)")
 
 
 @hookimpl

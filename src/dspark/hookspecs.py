@@ -33,6 +33,12 @@ def register_drafters(register: Register) -> None:
 
 
 @hookspec
+def register_drafter_kinds(register: Register) -> None:
+    """Register DrafterKind factories (:class:`dspark.protocols.DrafterKind`): a zero-argument
+    callable returning the kind object (config rules, module, graphs, training recipe)."""
+
+
+@hookspec
 def register_sequential_heads(register: Register) -> None:
     """Register SequentialHead factories (:class:`dspark.protocols.SequentialHead`)."""
 

@@ -28,6 +28,7 @@ from dspark.protocols import (
     ConfidenceModel,
     CostModel,
     Drafter,
+    DrafterKind,
     Scheduler,
     SequentialHead,
 )
@@ -67,6 +68,7 @@ EXTENSION_POINTS: dict[str, ExtensionPoint] = {
     ep.kind: ep
     for ep in (
         ExtensionPoint("drafters", "drafter", "register_drafters", Drafter),
+        ExtensionPoint("drafter_kinds", "drafter kind", "register_drafter_kinds", DrafterKind),
         ExtensionPoint("sequential_heads", "sequential head", "register_sequential_heads", SequentialHead),
         ExtensionPoint("confidence_models", "confidence model", "register_confidence_models", ConfidenceModel),
         ExtensionPoint("calibrators", "calibrator", "register_calibrators", Calibrator),

@@ -7,11 +7,11 @@ from typing import Any
 import attrs
 from attrs import field, frozen, validators
 
+from dspark.drafters.kinds import drafter_kind
 from dspark.drafters.layers import LayerShape
 
 __all__ = ["TargetInfo", "DrafterConfig", "default_layer_ids"]
 
-KINDS = ("dspark", "dflash", "eagle3", "eagle3-fused")
 # The largest block size γ: a request keeps q [γ, V] per round (V = 49k: 64 × 49k floats ≈ 12 MB);
 # γ = 1000 would be ~200 MB a request and no acceptance profile reaches that far.
 MAX_GAMMA = 64
@@ -99,7 +99,7 @@ def _positive(_i: Any, a: Any, v: int) -> None:
 class DrafterConfig:
     """A neural drafter's architecture. Draft layers copy the target's layer shape."""
 
-    kind: str = field(validator=validators.in_(KINDS))
+    kind: str = field(validator=validators.instance_of(str))
     vocab_size: int = field(validator=_positive)
     layer: LayerShape = field(converter=lambda v: v if isinstance(v, LayerShape) else LayerShape(**v))
     target: TargetInfo = field(converter=lambda v: v if isinstance(v, TargetInfo) else TargetInfo(**v))
@@ -127,18 +127,12 @@ class DrafterConfig:
         if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
             raise ValueError(f"target_layer_ids {list(self.target_layer_ids)} name a layer twice")
         self.target.check_compatible(self.target, self.target_layer_ids)
-        if self.kind == "eagle3-fused" and len(self.target_layer_ids) != 3:
-            raise ValueError("eagle3-fused fuses exactly 3 target layers (low, mid, high)")
-        if self.kind == "eagle3" and self.num_layers != 1:
-            raise ValueError(f"eagle3 has exactly one draft layer (as the reference), got num_layers={self.num_layers}")
+        kind = drafter_kind(self.kind)  # a registered kind (built-in or a plugin's) or a clear error
         if self.mask_token_id is not None and not (
             isinstance(self.mask_token_id, int) and 0 <= self.mask_token_id < self.vocab_size
         ):
             raise ValueError(f"mask_token_id must be a token id in [0, {self.vocab_size}), got {self.mask_token_id!r}")
-        if not self.sample_from_anchor and (self.kind != "dflash" or self.mask_token_id is None):
-            raise ValueError("sample_from_anchor=False is the z-lab DFlash layout: kind dflash with a mask_token_id")
-        if self.kind != "dspark" and (self.head or self.confidence):
-            raise ValueError(f"{self.kind} has no sequential head and no confidence head")
+        kind.validate(self)
         if self.draft_vocab_size is not None and not 2 <= self.draft_vocab_size <= self.vocab_size + 1:
             raise ValueError(
                 f"draft_vocab_size must be in [2, vocab_size + 1 = {self.vocab_size + 1}], got {self.draft_vocab_size}"
@@ -176,15 +170,10 @@ class DrafterConfig:
             qk_norm=True,
         )
         L = c.num_hidden_layers
+        spec = drafter_kind(kind)
         if layer_ids is None:
-            layer_ids = default_layer_ids(L, 3 if kind == "eagle3-fused" else min(5, L - 1))
-        mask = {"mask_token_id": c.vocab_size - 1}
-        defaults: dict[str, Any] = {
-            "dspark": {"num_layers": 5, "head": "vanilla-markov", "confidence": True, **mask},
-            "dflash": {"num_layers": 5, **mask},
-            "eagle3": {"num_layers": 1},
-            "eagle3-fused": {"num_layers": 1},
-        }[kind]
+            layer_ids = default_layer_ids(L, spec.layer_count(L))
+        defaults = spec.config_defaults(L, c.vocab_size)
         return cls(
             kind=kind,
             vocab_size=c.vocab_size,

@@ -23,92 +23,27 @@ The target's token embedding and LM head are shared and frozen: they are bound f
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 from torch import nn
 
 from dspark.drafters.config import DrafterConfig
+from dspark.drafters.graphs import autoregressive_graph_specs, block_graph_specs, head_is_stateful
 from dspark.drafters.layers import DraftLayer, RMSNorm
-from dspark.drafters.vocab import DraftVocab, to_slots, to_target_space
+from dspark.drafters.loop import (
+    DraftingLoop,
+    KVStore,
+    LoopSpec,
+    TorchRunner,
+    autoregressive_round,
+    block_round,
+)
+from dspark.drafters.vocab import DraftVocab, to_slots
 from dspark.protocols.drafter import DraftContext
-from dspark.sampling import probs_for_requests, sample
 from dspark.types import DraftBlock
 
-__all__ = ["BlockDrafter", "Eagle3FusedDrafter", "build_drafter", "draft_lengths", "draft_sample", "target_features"]
-
-
-class _ContextCache:
-    """Per-request context K/V for every draft layer: lists of [H_kv, n, hd]."""
-
-    def __init__(self, num_layers: int) -> None:
-        self.k: list[torch.Tensor | None] = [None] * num_layers
-        self.v: list[torch.Tensor | None] = [None] * num_layers
-        self.length = 0
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer] = k if self.k[layer] is None else torch.cat([self.k[layer], k], dim=1)
-        self.v[layer] = v if self.v[layer] is None else torch.cat([self.v[layer], v], dim=1)
-
-
-def _pad_context(
-    caches: list[_ContextCache], layer: int, shape: Any, like: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad per-request context K/V of one layer → K, V [R, H_kv, n_max, hd], mask [R, n_max]."""
-    R = len(caches)
-    n_max = max(c.length for c in caches)
-    K = like.new_zeros(R, shape.num_kv_heads, n_max, shape.head_dim)
-    Vv = like.new_zeros(R, shape.num_kv_heads, n_max, shape.head_dim)
-    mask = torch.zeros(R, n_max, dtype=torch.bool, device=like.device)
-    for r, c in enumerate(caches):
-        if c.length:
-            K[r, :, : c.length] = c.k[layer]
-            Vv[r, :, : c.length] = c.v[layer]
-            mask[r, : c.length] = True
-    return K, Vv, mask
-
-
-def target_features(
-    context: DraftContext, drafter: str, layer_ids: tuple[int, ...], hidden_size: int
-) -> list[torch.Tensor]:
-    """The new target features of each request, checked: R × [n_new, m·d]."""
-    feats = context.features.get("hidden")
-    R = len(context.request_ids)
-    if feats is None or len(feats) != R:
-        raise ValueError(
-            f"{drafter} drafter needs features['hidden']: one [n_new, m·d] tensor per request "
-            f"(target hidden states at layers {list(layer_ids)})"
-        )
-    want = len(layer_ids) * hidden_size
-    for rid, f in zip(context.request_ids, feats):
-        if f.ndim != 2 or f.shape[1] != want:
-            raise ValueError(
-                f"request {rid!r}: features must be [n_new, {want}] (m={len(layer_ids)} "
-                f"layers × hidden {hidden_size}), got {tuple(f.shape)}"
-            )
-    return feats
-
-
-def draft_sample(logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [R, V] → (q [R, V], tokens [R]) under each request's sampling params.
-
-    q is the distribution each token was drawn from (what verification needs). An all-greedy batch
-    takes the argmax with a one-hot q, skipping the softmax and the V exponential draws per row.
-    """
-    if all(p.is_greedy for p in context.sampling):
-        tokens = logits.float().argmax(-1)  # [R]
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, tokens[:, None], 1.0), tokens
-    q = probs_for_requests(logits, context.sampling)  # [R, V]
-    return q, sample(q, context.generators)
-
-
-def draft_lengths(context: DraftContext, R: int, gamma: int) -> torch.Tensor:
-    """Valid draft lengths [R]: γ, cut to the room the engine left each request."""
-    valid = torch.full((R,), gamma, dtype=torch.long)
-    if context.max_lengths is not None:
-        valid = torch.minimum(valid, context.max_lengths.long().clamp_min(0))
-    return valid  # [R]
+__all__ = ["BlockDrafter", "Eagle3FusedDrafter", "build_drafter"]
 
 
 class _NeuralDrafter(nn.Module):
@@ -123,8 +58,7 @@ class _NeuralDrafter(nn.Module):
         self.target_layer_ids = config.target_layer_ids
         self._embed: torch.Tensor | None = None  # [V, d] frozen, from the target
         self._lm_head: torch.Tensor | None = None  # [V, d] frozen, from the target
-        self._caches: dict[str, _ContextCache] = {}
-        self.timings: dict[str, float] = {}  # seconds spent per part in the last draft() call
+        self._loop: DraftingLoop | None = None  # built on the first draft() (see :attr:`loop`)
         # Reduced draft vocabulary: draft slot i scores target token draft_ids[i]; the last slot is
         # a placeholder (logit −inf, never drawn) that anchors outside the draft vocabulary map to.
         Vd = config.draft_vocab_size
@@ -143,6 +77,7 @@ class _NeuralDrafter(nn.Module):
                     f"target {what} has shape {tuple(w.shape)}; this drafter needs [vocab {V}, hidden {d}]"
                 )
         self._embed = embed_weight.detach()
+        self._loop = None  # the vocabulary map may change: the next draft() starts afresh
         self._lm_head = self._lm_head_full = lm_head_weight.detach()
         if self.config.draft_vocab_size is not None:
             self.vocab_map = DraftVocab(self.draft_ids, V)
@@ -182,31 +117,58 @@ class _NeuralDrafter(nn.Module):
         U = h.to(self._lm_head.dtype) @ self._lm_head.T
         return U if self.vocab_map is None else U + self.vocab_map.bias.to(U.dtype)
 
-    def _emit(self, U_j: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draft-space Ũ_j [R, V_d] → (slots [R], target tokens [R], q [R, V], logits [R, V])."""
-        q_d, x_d = self._sample_block(U_j, context)
-        return (x_d, *to_target_space(self.vocab_map, x_d, q_d, U_j))
+    # -- drafting: the one loop (dspark.drafters.loop) over this drafter's own modules ---------
+    #: the round function and graphs of this drafter's kind (set by each subclass)
+    round = staticmethod(block_round)
+    graph_specs = staticmethod(block_graph_specs)
 
-    # -- per-request state ----------------------------------------------------------------
+    @staticmethod
+    def graph_names(config: dict[str, Any]) -> tuple[str, ...]:
+        """The graphs an export of this drafter holds (``config``: a DrafterConfig dict)."""
+        return ("context", "backbone", "head") if config.get("head") else ("context", "backbone")
+
+    def loop_spec(self) -> LoopSpec:
+        c = self.config
+        head = getattr(self, "head", None)
+        return LoopSpec(
+            kind=c.kind, gamma=c.gamma, vocab_size=c.vocab_size, hidden_size=c.layer.hidden_size,
+            target_layer_ids=tuple(c.target_layer_ids), num_layers=self._num_cached_layers(),
+            num_kv_heads=c.layer.num_kv_heads, head_dim=c.layer.head_dim,
+            head=c.head if head is not None else None, rank=c.rank,
+            confidence=getattr(self, "confidence_head", None) is not None,
+            stateful_head=head is not None and head_is_stateful(head),
+            sample_from_anchor=c.sample_from_anchor, returns_hidden=self._returns_hidden,
+            vocab_map=self.vocab_map)
+
+    #: whether DraftBlock.hidden carries h (block drafters) / the per-step outputs (Eagle3)
+    _returns_hidden = True
+
+    def _num_cached_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def loop(self) -> DraftingLoop:
+        if self._loop is None:
+            self._loop = DraftingLoop(self.loop_spec(), TorchRunner(self), type(self).round)
+        return self._loop
+
+    @torch.inference_mode()
+    def draft(self, context: DraftContext) -> DraftBlock:
+        self._require_bound()
+        return self.loop.draft(context)
+
     def release(self, request_id: str) -> None:
-        self._caches.pop(request_id, None)
+        if self._loop is not None:
+            self._loop.release(request_id)
 
-    def _new_features(self, context: DraftContext) -> list[torch.Tensor]:
-        return target_features(context, self.name, self.target_layer_ids, self.config.layer.hidden_size)
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds spent per part in the last draft() call."""
+        return self._loop.timings if self._loop is not None else {}
 
-    def _check_anchor(self, rid: str, cache: _ContextCache, ids: torch.Tensor, lag: int) -> None:
-        if cache.length != ids.numel() - lag:
-            raise ValueError(
-                f"request {rid!r}: the drafter has context for {cache.length} positions but the "
-                f"anchor is at position {ids.numel() - 1}; pass the target features of every "
-                "committed token before the anchor"
-            )
-
-    def _sample_block(self, logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        return draft_sample(logits, context)
-
-    def _valid(self, context: DraftContext, R: int) -> torch.Tensor:
-        return draft_lengths(context, R, self.gamma)
+    @property
+    def _caches(self) -> dict[str, KVStore]:
+        return self.loop.caches
 
 
 class BlockDrafter(_NeuralDrafter):
@@ -251,162 +213,35 @@ class BlockDrafter(_NeuralDrafter):
         self._require_bound()
         return self._embed[self.config.mask_token_id].to(self.dtype)
 
-    # -- separately callable parts (the export compiles them apart) -------------------------
-    def ingest(self, cache: _ContextCache, features: torch.Tensor) -> None:
-        """Fuse new context features [n_new, m·d] and append each layer's injected K/V."""
-        n = features.shape[0]
-        if n == 0:
-            return
-        ctx = self.fuse_norm(self.fuse(features.to(self.fuse.weight.dtype)))[None]  # [1, n, d]
-        pos = torch.arange(cache.length, cache.length + n)[None]  # [1, n]
-        for i, layer in enumerate(self.layers):
-            k, v = layer.context_kv(ctx, pos)  # [1, H_kv, n, hd]
-            cache.append(i, k[0], v[0])
-        cache.length += n
-
-    def backbone(self, anchors: torch.Tensor, anchor_pos: torch.Tensor, caches: list[_ContextCache]) -> tuple[torch.Tensor, torch.Tensor]:
-        """anchors [R], anchor_pos [R] → h [R, γ, d], base logits U [R, γ, V_d]."""
-        R, g = anchors.shape[0], self.gamma
-        skip = 0 if self.config.sample_from_anchor else 1  # z-lab DFlash: the anchor row predicts nothing
-        x = torch.cat(
-            [self.embed(anchors)[:, None], self.mask_vector().expand(R, g - 1 + skip, -1)], dim=1
-        )  # [R, γ + skip, d]
-        pos = anchor_pos[:, None] + torch.arange(g + skip)[None]  # [R, γ + skip]
-        for i, layer in enumerate(self.layers):
-            k, v, mask = _pad_context(caches, i, self.config.layer, x)
-            x = layer(x, pos, k, v, mask)
-        h = self.norm(x[:, skip:])  # [R, γ, d]
-        return h, self.logits(h)
-
-    @torch.inference_mode()
-    def draft(self, context: DraftContext) -> DraftBlock:
-        self._require_bound()
-        feats = self._new_features(context)
-        R = len(context.request_ids)
-        caches = []
-        for rid, ids, f in zip(context.request_ids, context.token_ids, feats):
-            cache = self._caches.setdefault(rid, _ContextCache(len(self.layers)))
-            self.ingest(cache, f)
-            self._check_anchor(rid, cache, ids, lag=1)
-            caches.append(cache)
-        anchors = torch.stack([ids[-1] for ids in context.token_ids])  # [R]
-        anchor_pos = torch.tensor([ids.numel() - 1 for ids in context.token_ids])  # [R]
-        t0 = time.perf_counter()
-        h, U = self.backbone(anchors, anchor_pos, caches)  # [R, γ, d], [R, γ, V]
-        t_head = 0.0
-        tokens, qs, logits, conf = [], [], [], []
-        prev, state = self.to_draft(anchors), None  # x̂_0 = the anchor, as a draft slot
-        for j in range(self.gamma):
-            U_j = U[:, j].float()  # [R, V_d]
-            if self.head is not None:
-                t1 = time.perf_counter()
-                U_j, state = self.head.step(prev, h[:, j], U_j, state)  # Ũ_j [R, V_d]
-                if self.confidence_head is not None:
-                    conf.append(self.confidence_head(h[:, j], self.head.prev_embedding(prev)))  # [R]
-                t_head += time.perf_counter() - t1
-            prev, x_j, q_j, U_full = self._emit(U_j, context)
-            tokens.append(x_j)
-            qs.append(q_j)
-            logits.append(U_full)
-        self.timings = {"draft": time.perf_counter() - t0, "sequential_head": t_head}
-        return DraftBlock(
-            tokens=torch.stack(tokens, 1),  # [R, γ]
-            q=torch.stack(qs, 1),  # [R, γ, V]
-            valid_lengths=self._valid(context, R),
-            confidence_logits=torch.stack(conf, 1).float() if conf else None,  # [R, γ]
-            draft_logits=torch.stack(logits, 1),
-            hidden=h,
-        )
-
 
 class _Eagle3Loop(_NeuralDrafter):
-    """The Eagle3 inference protocol shared by both layouts (:class:`Eagle3FusedDrafter`,
-    :class:`dspark.drafters.eagle3.Eagle3Drafter`): per-request causal K/V cache, the pending
-    feature of the last context position, γ autoregressive steps.
+    """The Eagle3 kinds (:class:`Eagle3FusedDrafter`, :class:`dspark.drafters.eagle3.Eagle3Drafter`):
+    drafting is :func:`~dspark.drafters.loop.autoregressive_round` (per-request causal K/V cache,
+    the pending feature of the last context position, γ autoregressive steps).
 
     A subclass provides ``_fuse(features [n, m·d]) → [n, d]``, ``_run(tokens [R, n], feats
     [R, n, d], positions [R, n], ctx_k, ctx_v, ctx_mask, attn_mask=None) → (out, k, v)`` (one
     causal layer call: the pre-norm outputs [R, n, d] and the new positions' K/V [R, H_kv, n, hd];
-    ``attn_mask`` [R, n, P + n] replaces the causal mask, as the training forward needs) and
-    ``norm``.
+    ``attn_mask`` [R, n, P + n] replaces the causal mask, as the training forward needs),
+    ``layer`` and ``norm``.
     """
 
-    #: whether DraftBlock.hidden carries the per-step (pre-norm) layer outputs h_j
+    round = staticmethod(autoregressive_round)
+    graph_specs = staticmethod(autoregressive_graph_specs)
+
+    @staticmethod
+    def graph_names(config: dict[str, Any]) -> tuple[str, ...]:
+        return ("fuse", "context", "step")
     _returns_hidden = False
 
-    def __init__(self, config: DrafterConfig) -> None:
-        super().__init__(config)
-        self._pending: dict[str, torch.Tensor] = {}  # fused feature of the last context position
-
-    def release(self, request_id: str) -> None:
-        super().release(request_id)
-        self._pending.pop(request_id, None)
+    def _num_cached_layers(self) -> int:  # the one causal layer whose K/V the loop caches
+        return 1
 
     def _fuse(self, features: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def _run(self, tokens, feats, positions, ctx_k, ctx_v, ctx_mask, attn_mask=None):  # noqa: ANN001, ANN202
         raise NotImplementedError
-
-    @torch.inference_mode()
-    def draft(self, context: DraftContext) -> DraftBlock:
-        self._require_bound()
-        feats = self._new_features(context)
-        R, s = len(context.request_ids), self.config.layer
-        caches, last_feat = [], []
-        for rid, ids, f in zip(context.request_ids, context.token_ids, feats):
-            cache = self._caches.setdefault(rid, _ContextCache(1))
-            fused = self._fuse(f)  # [n_new, d]
-            if self._pending.get(rid) is not None:
-                fused = torch.cat([self._pending[rid], fused])
-            if fused.shape[0] == 0:
-                # A one-token prompt has no target feature yet: draft from a zero feature once,
-                # and do not cache it (position −1 does not exist).
-                last_feat.append(fused.new_zeros(s.hidden_size))
-                self._pending[rid] = None
-                caches.append(cache)
-                continue
-            # Positions t with both f_t and x_{t+1} committed go into the cache; the last feature
-            # (t = a−1, paired with the anchor) is the first drafting step.
-            n_ready = fused.shape[0] - 1
-            if n_ready > 0:
-                t0 = cache.length
-                toks = ids[t0 + 1 : t0 + 1 + n_ready][None]  # [1, n]
-                pos = torch.arange(t0, t0 + n_ready)[None]
-                feat = fused[:n_ready][None]  # [1, n, d]
-                k_ctx, v_ctx, mask = _pad_context([cache], 0, s, feat) if cache.length else (
-                    feat.new_zeros(1, s.num_kv_heads, 0, s.head_dim), feat.new_zeros(1, s.num_kv_heads, 0, s.head_dim),
-                    torch.zeros(1, 0, dtype=torch.bool))
-                _, k, v = self._run(toks, feat, pos, k_ctx, v_ctx, mask)
-                cache.append(0, k[0], v[0])
-                cache.length += n_ready
-            self._pending[rid] = fused[-1:]
-            self._check_anchor(rid, cache, ids, lag=2)
-            caches.append(cache)
-            last_feat.append(fused[-1])
-        k_ctx, v_ctx, mask = _pad_context(caches, 0, s, last_feat[0][None, None])
-        feat = torch.stack(last_feat)  # [R, d]
-        tok = torch.stack([ids[-1] for ids in context.token_ids])  # [R] x_{t+1} = anchor
-        pos = torch.tensor([ids.numel() - 2 for ids in context.token_ids])  # [R] t = a − 1
-        tokens, qs, logits, hidden = [], [], [], []
-        for _ in range(self.gamma):
-            out, k, v = self._run(tok[:, None], feat[:, None], pos[:, None], k_ctx, v_ctx, mask)  # out [R, 1, d]
-            k_ctx, v_ctx = torch.cat([k_ctx, k], 2), torch.cat([v_ctx, v], 2)
-            mask = torch.cat([mask, torch.ones(R, 1, dtype=torch.bool)], 1)
-            h = self.norm(out[:, 0])  # [R, d]
-            _, x_next, q, U = self._emit(self.logits(h).float(), context)  # [R], [R, V], [R, V]
-            tokens.append(x_next)
-            qs.append(q)
-            logits.append(U)
-            hidden.append(out[:, 0])
-            tok, feat, pos = x_next, out[:, 0], pos + 1
-        return DraftBlock(
-            tokens=torch.stack(tokens, 1),
-            q=torch.stack(qs, 1),
-            valid_lengths=self._valid(context, R),
-            draft_logits=torch.stack(logits, 1),
-            hidden=torch.stack(hidden, 1) if self._returns_hidden else None,  # [R, γ, d]
-        )
 
 
 class Eagle3FusedDrafter(_Eagle3Loop):
@@ -435,12 +270,7 @@ class Eagle3FusedDrafter(_Eagle3Loop):
 
 
 def build_drafter(config: DrafterConfig) -> _NeuralDrafter:
-    """The drafter class of ``config.kind``: the reference Eagle3 (``eagle3``), dspark's
-    pre-reference Eagle3 (``eagle3-fused``), else the block drafter (DSpark / DFlash)."""
-    if config.kind == "eagle3":
-        from dspark.drafters.eagle3 import Eagle3Drafter  # lazy: eagle3 imports this module
+    """The drafter module of ``config.kind`` (its registered :class:`~dspark.protocols.DrafterKind`)."""
+    from dspark.drafters.kinds import drafter_kind
 
-        return Eagle3Drafter(config)
-    if config.kind == "eagle3-fused":
-        return Eagle3FusedDrafter(config)
-    return BlockDrafter(config)
+    return drafter_kind(config.kind).build(config)

@@ -144,10 +144,11 @@ def _run(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any], profile: Any) -> int:
     import torch
 
+    from dspark.drafters.kinds import drafter_kind
     from dspark.export.exporter import export_onnx
     from dspark.export.manifest import ExportError
 
-    n_graphs = 2 + (cfg.get("kind") in ("eagle3", "eagle3-fused") or cfg.get("head") is not None)
+    n_graphs = len(drafter_kind(str(cfg.get("kind"))).graph_names(cfg))
     total = 2 + n_graphs + bool(args.validate) + (n_graphs + bool(args.validate) if args.trt else 0)
     progress = _Progress(total, enabled=not args.quiet)
     try:

@@ -1,7 +1,7 @@
 """Drafter → ONNX graphs + ``manifest.json`` (:func:`export_onnx`).
 
 The graphs are traced with the TorchScript exporter (``torch.onnx.export(..., dynamo=False)``) in
-fp32, with named inputs/outputs and dynamic axes (see :mod:`dspark.export.graphs`). Each file is
+fp32, with named inputs/outputs and dynamic axes (see :mod:`dspark.drafters.graphs`). Each file is
 checked with ``onnx.checker`` and hashed. Graphs whose weights would pass the 2 GB protobuf limit
 (or every graph, with ``external_data=True``) keep their weights in one ``<graph>.onnx.data`` file
 next to them, which ONNX Runtime and TensorRT's parser pick up by themselves.
@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from dspark.export.graphs import GraphSpec, graph_specs
+from dspark.drafters.graphs import GraphSpec, graph_specs
+from dspark.drafters.kinds import kind_names
 from dspark.export.manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -158,9 +159,10 @@ def export_onnx(
     if opset < 17:
         raise ExportError(f"opset {opset} is too old: the graphs need opset 17 or newer")
     config = getattr(drafter, "config", None)
-    if config is None or config.kind not in ("dspark", "dflash", "eagle3", "eagle3-fused"):
+    if config is None or not callable(getattr(drafter, "loop_spec", None)):
         raise ExportError(
-            f"{type(drafter).__name__} is not a neural dspark drafter (dspark, dflash, eagle3 or eagle3-fused)"
+            f"{type(drafter).__name__} is not a neural dspark drafter (a registered drafter kind: "
+            f"{', '.join(kind_names())})"
         )
     if getattr(drafter, "_embed", None) is None or getattr(drafter, "_lm_head", None) is None:
         raise ExportError("the drafter is not bound to a target: load it with from_pretrained(path, target)")
@@ -170,6 +172,7 @@ def export_onnx(
     if any(p.dtype != torch.float32 for p in drafter.parameters()):
         src = copy.deepcopy(drafter).float()  # graphs are fp32; precision is the engine's choice
     src.eval()
+    shape = src.loop_spec()  # what the runtime loop needs to know
     specs = graph_specs(src)
     graphs: dict[str, Any] = {}
     for spec in specs:
@@ -188,12 +191,14 @@ def export_onnx(
         "hidden_size": s.hidden_size,
         "target_layer_ids": list(config.target_layer_ids),
         "feature_size": len(config.target_layer_ids) * s.hidden_size,
-        "num_layers": 1 if config.kind in ("eagle3", "eagle3-fused") else config.num_layers,
+        "num_layers": shape.num_layers,  # layers whose context K/V the runtime caches
         "num_kv_heads": s.num_kv_heads,
         "head_dim": s.head_dim,
         "head": config.head if getattr(drafter, "head", None) is not None else None,
         "rank": config.rank,
-        "confidence": getattr(drafter, "confidence_head", None) is not None,
+        "confidence": shape.confidence,
+        "stateful_head": shape.stateful_head,
+        "returns_hidden": shape.returns_hidden,
         # reduced draft vocabulary: slot i of the logits is target token draft_ids[i] (last: placeholder)
         "draft_ids": drafter.draft_ids.tolist() if getattr(drafter, "vocab_map", None) is not None else None,
         "dtype": "float32",

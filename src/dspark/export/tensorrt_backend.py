@@ -81,18 +81,18 @@ class EngineProfile:
     precision: str = attrs.field(default="fp32", validator=attrs.validators.in_(PRECISIONS))
     workspace_gib: float = attrs.field(default=4.0)
 
-    def axes(self, kind: str, graph: str, gamma: int) -> dict[str, Range]:
-        """Axis name → (min, opt, max) for one graph of a drafter kind."""
-        one = (1, 1, 1)
-        if kind in ("eagle3", "eagle3-fused"):
-            step_past = (self.past[0], self.past[1] + gamma, self.past[2] + gamma)  # + the γ step slots
-            return {"fuse": {"new": self.new},
-                    "context": {"new": self.new},
-                    "step": {"batch": self.batch, "new": one, "past": step_past}}[graph]
-        g = (gamma, gamma, gamma)
-        return {"context": {"new": self.new},
-                "backbone": {"batch": self.batch, "block": g, "past": self.past},
-                "head": {"batch": self.batch}}[graph]
+    def axes(self, graph: str, gamma: int, block: int | None = None) -> dict[str, Range]:
+        """Axis name → (min, opt, max) for one graph (graph names are unique across drafter kinds;
+        ``block``: the backbone's rows, γ, or γ + 1 in the anchorless z-lab layout)."""
+        g = (block or gamma,) * 3
+        step_past = (self.past[0], self.past[1] + gamma, self.past[2] + gamma)  # + the γ step slots
+        table = {"context": {"new": self.new}, "fuse": {"new": self.new},
+                 "backbone": {"batch": self.batch, "block": g, "past": self.past},
+                 "head": {"batch": self.batch},
+                 "step": {"batch": self.batch, "new": (1, 1, 1), "past": step_past}}
+        if graph not in table:
+            raise ValueError(f"no TensorRT optimisation profile for a graph named {graph!r}")
+        return table[graph]
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
@@ -170,7 +170,8 @@ def build_engines(
             config.set_flag(trt.BuilderFlag.FP16)
         elif profile.precision == "bf16":
             config.set_flag(trt.BuilderFlag.BF16)
-        axes = profile.axes(manifest["kind"], name, int(manifest["gamma"]))
+        sfa = (manifest.get("drafter_config") or {}).get("sample_from_anchor", True)
+        axes = profile.axes(name, int(manifest["gamma"]), int(manifest["gamma"]) + (0 if sfa else 1))
         opt_profile = builder.create_optimization_profile()
         shapes: dict[str, list[list[int]]] = {}
         for i in range(network.num_inputs):

@@ -8,6 +8,7 @@ from dspark.protocols.calibrator import Calibrator
 from dspark.protocols.confidence import ConfidenceModel
 from dspark.protocols.cost_model import CostModel
 from dspark.protocols.drafter import DraftContext, Drafter
+from dspark.protocols.drafter_kind import DrafterKind
 from dspark.protocols.scheduler import Scheduler
 from dspark.protocols.sequential_head import SequentialHead
 from dspark.protocols.target import TargetModel, TargetOutput
@@ -18,6 +19,7 @@ __all__ = [
     "CostModel",
     "DraftContext",
     "Drafter",
+    "DrafterKind",
     "Scheduler",
     "SequentialHead",
     "TargetModel",

@@ -92,18 +92,20 @@ def run_train(args: Any) -> int:
 
 def _run_train(args: Any, rank: int, world: int) -> int:
     from dspark.drafters.checkpoint import save_pretrained
+    from dspark.drafters.kinds import drafter_kind
     from dspark.models import load_causal_lm
     from dspark.training.teacher import FeatureCache, build_feature_cache
     from dspark.training.trainer import TrainConfig, TrainData, Trainer
 
+    drafter_kind(args.kind)  # an unknown kind fails here, before the data and the model load
     torch.manual_seed(args.seed)
     seqs, pls = load_training_sequences(args.data, args.max_seq_len)  # bad data fails before the model loads
     model, _ = load_causal_lm(args.model, torch.float32)
     for p in model.parameters():
         p.requires_grad_(False)
     config: dict[str, Any] = {"gamma": args.gamma, "num_layers": args.num_layers}
-    if args.kind == "dspark":
-        config.update(head=args.head, rank=args.rank, confidence=True)
+    if drafter_kind(args.kind).config_defaults(model.config.num_hidden_layers, model.config.vocab_size).get("head"):
+        config.update(head=args.head, rank=args.rank, confidence=True)  # a kind with a sequential head
     if args.draft_vocab:
         config["draft_vocab_size"] = args.draft_vocab + 1  # + the placeholder slot
     if args.layer_ids:

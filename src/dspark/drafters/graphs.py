@@ -1,11 +1,11 @@
-"""The exported graphs: thin ``nn.Module`` wrappers that take and return explicit tensors.
+"""A drafter's graphs: thin ``nn.Module`` wrappers that take and return explicit tensors.
 
-Each wrapper reuses the drafter's own modules (draft layers, norms, heads), so the graph computes
-exactly what :class:`~dspark.drafters.neural.BlockDrafter` / the Eagle3 drafters
-(:class:`~dspark.drafters.eagle3.Eagle3Drafter`, :class:`~dspark.drafters.neural.Eagle3FusedDrafter`) compute; only
-the per-request bookkeeping (context caches, padding, sampling) stays outside, in the runtime
-(:mod:`dspark.export.runtime`). The target's token embedding and LM head are *baked in* as
-initializers (the exported files are bound to that target; the manifest records their sha256).
+Each wrapper reuses the drafter's own modules (draft layers, norms, heads). The PyTorch drafters
+run them directly (:class:`~dspark.drafters.loop.TorchRunner`, ``live=True``: the target's
+embedding and LM head are read from the drafter at call time) and the exporter traces them to ONNX
+(``live=False``: the embedding and LM head are *baked in* as fp32 initializers; the exported files
+are bound to that target and the manifest records their sha256). The per-request bookkeeping
+(context caches, padding, sampling) is in :mod:`dspark.drafters.loop`, the same for every runner.
 
 Symbols: L draft layers, H_kv key/value heads, hd head dim, d hidden size, V vocabulary, F = m·d
 the concatenated target features, r the head's rank. Dynamic axes (names used in the ONNX files,
@@ -42,7 +42,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GraphSpec", "graph_specs"]
+__all__ = ["GraphSpec", "graph_specs", "block_graph_specs", "autoregressive_graph_specs"]
+
+
+class _LiveTarget(nn.Module):
+    """The drafter's bound target embedding / LM head, read at call time (PyTorch runner)."""
+
+    def __init__(self, drafter: Any) -> None:
+        super().__init__()
+        object.__setattr__(self, "drafter", drafter)  # not a submodule: no parameter is shared twice
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.drafter.embed(ids)  # [..., d] in the drafter's dtype
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.drafter.logits(h)  # [..., V_d]
+
+
+def _target(drafter: Any, live: bool) -> nn.Module:
+    return _LiveTarget(drafter) if live else _TargetWeights(drafter)
 
 
 class _TargetWeights(nn.Module):
@@ -90,7 +108,7 @@ class BlockContextGraph(nn.Module):
         self.fuse, self.fuse_norm, self.layers = drafter.fuse, drafter.fuse_norm, drafter.layers
 
     def forward(self, features: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx = self.fuse_norm(self.fuse(features))[None]  # [1, new, d]
+        ctx = self.fuse_norm(self.fuse(features.to(self.fuse.weight.dtype)))[None]  # [1, new, d]
         pos = positions[None]  # [1, new]
         ks, vs = [], []
         for layer in self.layers:
@@ -103,13 +121,16 @@ class BlockContextGraph(nn.Module):
 class BackboneGraph(nn.Module):
     """The block forward: [anchor, MASK × (γ−1)] through every draft layer, final norm, W_lm."""
 
-    def __init__(self, drafter: Any) -> None:
+    def __init__(self, drafter: Any, live: bool = False) -> None:
         super().__init__()
         self.layers, self.norm = drafter.layers, drafter.norm
-        # The mask vector as a constant of the graph (the reference's frozen target-embedding row,
-        # or a pre-reference drafter's learned vector).
-        self.register_buffer("mask_embedding", drafter.mask_vector().detach().clone(), persistent=False)
-        self.target = _TargetWeights(drafter)
+        self.live = live
+        if live:  # read at call time: the target binding or training may change it
+            object.__setattr__(self, "drafter", drafter)
+        else:  # a constant of the exported graph (the reference's frozen target-embedding row,
+            # or a pre-reference drafter's learned vector)
+            self.register_buffer("mask_embedding", drafter.mask_vector().detach().clone(), persistent=False)
+        self.target = _target(drafter, live)
 
     def forward(
         self,
@@ -120,14 +141,20 @@ class BackboneGraph(nn.Module):
         ctx_mask: torch.Tensor,  # [B, P] bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         emb = self.target.embed(anchor_ids)  # [B, d]
+        mask_embedding = self.drafter.mask_vector() if self.live else self.mask_embedding  # [d]
         # Slot 0 of each row holds the anchor, the others the mask embedding; written with the
         # positions so that the block length stays a dynamic axis.
         first = (positions == positions[:, :1])[..., None]  # [B, γ, 1]
-        x = torch.where(first, emb[:, None, :], self.mask_embedding)  # [B, γ, d]
+        x = torch.where(first, emb[:, None, :], mask_embedding)  # [B, γ, d]
         for i, layer in enumerate(self.layers):
             x = layer(x, positions, ctx_k[i], ctx_v[i], ctx_mask)
         h = self.norm(x)  # [B, γ, d]
         return h, self.target.logits(h)  # [B, γ, d], [B, γ, V]
+
+
+def head_is_stateful(head: Any) -> bool:
+    """Whether a sequential head carries a state [R, r] from step to step (the RNN head)."""
+    return bool(getattr(head, "stateful", getattr(head, "name", None) == "rnn"))
 
 
 class HeadStepGraph(nn.Module):
@@ -136,10 +163,11 @@ class HeadStepGraph(nn.Module):
     def __init__(self, drafter: Any) -> None:
         super().__init__()
         self.head, self.confidence_head = drafter.head, drafter.confidence_head
-        self.stateful = drafter.head.name == "rnn"
+        self.stateful = head_is_stateful(drafter.head)
 
-    def forward(self, prev_ids: torch.Tensor, h_j: torch.Tensor, base_logits_j: torch.Tensor, *state: torch.Tensor):
-        logits, s = self.head.step(prev_ids, h_j, base_logits_j, state[0] if state else None)
+    def forward(self, prev_ids: torch.Tensor, h_j: torch.Tensor, base_logits_j: torch.Tensor,
+                state: torch.Tensor | None = None):
+        logits, s = self.head.step(prev_ids, h_j, base_logits_j, state)
         outs = [logits]  # [B, V]
         if self.confidence_head is not None:
             outs.append(self.confidence_head(h_j, self.head.prev_embedding(prev_ids)))  # [B]
@@ -160,7 +188,7 @@ class Eagle3FuseGraph(nn.Module):
         self.fuse = drafter.fc if _reference_eagle3(drafter) else drafter.fuse
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.fuse(features)  # [new, d]
+        return self.fuse(features.to(self.fuse.weight.dtype))  # [new, d]
 
 
 class Eagle3ContextGraph(nn.Module):
@@ -171,12 +199,12 @@ class Eagle3ContextGraph(nn.Module):
     ingestion needs no past K/V and any positions of any requests can share one call.
     """
 
-    def __init__(self, drafter: Any) -> None:
+    def __init__(self, drafter: Any, live: bool = False) -> None:
         super().__init__()
         self.reference = _reference_eagle3(drafter)
         self.in_proj = None if self.reference else drafter.in_proj
         self.layer = drafter.layer
-        self.target = _TargetWeights(drafter)
+        self.target = _target(drafter, live)
 
     def forward(self, token_ids, feats, positions):  # [new], [new, d], [new]
         emb = self.target.embed(token_ids)  # [new, d]
@@ -191,12 +219,12 @@ class Eagle3ContextGraph(nn.Module):
 class Eagle3StepGraph(nn.Module):
     """One autoregressive step of Eagle3's causal layer for a batch: layer, final norm, W_lm."""
 
-    def __init__(self, drafter: Any) -> None:
+    def __init__(self, drafter: Any, live: bool = False) -> None:
         super().__init__()
         self.reference = _reference_eagle3(drafter)
         self.in_proj = None if self.reference else drafter.in_proj
         self.layer, self.norm = drafter.layer, drafter.norm
-        self.target = _TargetWeights(drafter)
+        self.target = _target(drafter, live)
 
     def forward(self, token_ids, feats, positions, ctx_k, ctx_v, ctx_mask):
         emb = self.target.embed(token_ids)  # [B, new, d]
@@ -232,42 +260,51 @@ class GraphSpec:
         return f"{self.name}.onnx"
 
 
-def graph_specs(drafter: Any) -> list[GraphSpec]:
-    """The graphs of a bound fp32 drafter, with example inputs (sizes chosen pairwise distinct)."""
+def _examples(drafter: Any):  # noqa: ANN202
+    """Sizes and a seeded randn for example inputs (sizes chosen pairwise distinct)."""
     c = drafter.config
-    s = c.layer
-    d, Hkv, hd, V = s.hidden_size, s.num_kv_heads, s.head_dim, c.vocab_size
-    B, new, P, g = 2, 5, 3, c.gamma
     gen = torch.Generator().manual_seed(0)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen)
 
     mask = torch.tensor([[True, True, False], [True, True, True]])  # [B, P]
-    if c.kind in ("eagle3", "eagle3-fused"):
-        step_inputs = ("token_ids", "feats", "positions", "ctx_k", "ctx_v", "ctx_mask")
-        example = (torch.randint(0, V, (B, 1), generator=gen), randn(B, 1, d),
-                   torch.tensor([[P], [P + 1]]), randn(1, B, Hkv, P, hd), randn(1, B, Hkv, P, hd), mask)
-        return [
-            GraphSpec("fuse", "fuse the captured target features of new context positions",
-                      Eagle3FuseGraph(drafter), ("features",), ("fused",),
-                      {"features": {0: "new"}, "fused": {0: "new"}},
-                      (randn(new, len(c.target_layer_ids) * d),)),
-            GraphSpec("context", "K/V of new context positions (token + fused feature) for the cache",
-                      Eagle3ContextGraph(drafter), ("token_ids", "feats", "positions"), ("ctx_k", "ctx_v"),
-                      {"token_ids": {0: "new"}, "feats": {0: "new"}, "positions": {0: "new"},
-                       "ctx_k": {2: "new"}, "ctx_v": {2: "new"}},
-                      (torch.randint(0, V, (new,), generator=gen), randn(new, d), torch.arange(2, 2 + new)),
-                      bakes_target_weights=True),
-            GraphSpec("step", "one autoregressive drafting step (γ per round): layer, norm, LM head",
-                      Eagle3StepGraph(drafter), step_inputs, ("out", "k_new", "v_new", "logits"),
-                      {"token_ids": {0: "batch", 1: "new"}, "feats": {0: "batch", 1: "new"},
-                       "positions": {0: "batch", 1: "new"}, "ctx_k": {1: "batch", 3: "past"},
-                       "ctx_v": {1: "batch", 3: "past"}, "ctx_mask": {0: "batch", 1: "past"},
-                       "k_new": {1: "batch", 3: "new"}, "v_new": {1: "batch", 3: "new"},
-                       "out": {0: "batch", 1: "new"}, "logits": {0: "batch", 1: "new"}},
-                      example, bakes_target_weights=True),
-        ]
+    return c, c.layer, 2, 5, 3, gen, randn, mask
+
+
+def autoregressive_graph_specs(drafter: Any, live: bool = False) -> list[GraphSpec]:
+    """Eagle3's graphs (``fuse``, ``context``, ``step``), with example inputs for tracing."""
+    c, s, B, new, P, gen, randn, mask = _examples(drafter)
+    d, Hkv, hd, V = s.hidden_size, s.num_kv_heads, s.head_dim, c.vocab_size
+    step_inputs = ("token_ids", "feats", "positions", "ctx_k", "ctx_v", "ctx_mask")
+    example = (torch.randint(0, V, (B, 1), generator=gen), randn(B, 1, d),
+               torch.tensor([[P], [P + 1]]), randn(1, B, Hkv, P, hd), randn(1, B, Hkv, P, hd), mask)
+    return [
+        GraphSpec("fuse", "fuse the captured target features of new context positions",
+                  Eagle3FuseGraph(drafter), ("features",), ("fused",),
+                  {"features": {0: "new"}, "fused": {0: "new"}},
+                  (randn(new, len(c.target_layer_ids) * d),)),
+        GraphSpec("context", "K/V of new context positions (token + fused feature) for the cache",
+                  Eagle3ContextGraph(drafter, live), ("token_ids", "feats", "positions"), ("ctx_k", "ctx_v"),
+                  {"token_ids": {0: "new"}, "feats": {0: "new"}, "positions": {0: "new"},
+                   "ctx_k": {2: "new"}, "ctx_v": {2: "new"}},
+                  (torch.randint(0, V, (new,), generator=gen), randn(new, d), torch.arange(2, 2 + new)),
+                  bakes_target_weights=True),
+        GraphSpec("step", "one autoregressive drafting step (γ per round): layer, norm, LM head",
+                  Eagle3StepGraph(drafter, live), step_inputs, ("out", "k_new", "v_new", "logits"),
+                  {"token_ids": {0: "batch", 1: "new"}, "feats": {0: "batch", 1: "new"},
+                   "positions": {0: "batch", 1: "new"}, "ctx_k": {1: "batch", 3: "past"},
+                   "ctx_v": {1: "batch", 3: "past"}, "ctx_mask": {0: "batch", 1: "past"},
+                   "k_new": {1: "batch", 3: "new"}, "v_new": {1: "batch", 3: "new"},
+                   "out": {0: "batch", 1: "new"}, "logits": {0: "batch", 1: "new"}},
+                  example, bakes_target_weights=True),
+    ]
+
+
+def block_graph_specs(drafter: Any, live: bool = False) -> list[GraphSpec]:
+    """DSpark's / DFlash's graphs (``context``, ``backbone``, ``head`` with a sequential head)."""
+    c, s, B, new, P, gen, randn, mask = _examples(drafter)
+    d, Hkv, hd, V, g = s.hidden_size, s.num_kv_heads, s.head_dim, c.vocab_size, c.gamma
     F_in = len(c.target_layer_ids) * d
     specs = [
         GraphSpec("context", "KV injection: fuse new context features and project every layer's K/V",
@@ -275,7 +312,7 @@ def graph_specs(drafter: Any) -> list[GraphSpec]:
                   {"features": {0: "new"}, "positions": {0: "new"}, "ctx_k": {2: "new"}, "ctx_v": {2: "new"}},
                   (randn(new, F_in), torch.arange(2, 2 + new))),
         GraphSpec("backbone", "the parallel block forward: draft layers, final norm, base logits",
-                  BackboneGraph(drafter), ("anchor_ids", "positions", "ctx_k", "ctx_v", "ctx_mask"),
+                  BackboneGraph(drafter, live), ("anchor_ids", "positions", "ctx_k", "ctx_v", "ctx_mask"),
                   ("h", "base_logits"),
                   {"anchor_ids": {0: "batch"}, "positions": {0: "batch", 1: "block"},
                    "ctx_k": {1: "batch", 3: "past"}, "ctx_v": {1: "batch", 3: "past"},
@@ -304,3 +341,8 @@ def graph_specs(drafter: Any) -> list[GraphSpec]:
         specs.append(GraphSpec("head", "one sequential-head step (+ confidence), γ per round",
                                graph, tuple(inputs), tuple(outputs), axes, tuple(example)))
     return specs
+
+
+def graph_specs(drafter: Any, live: bool = False) -> list[GraphSpec]:
+    """The graphs of a bound drafter (its kind's), with example inputs for tracing."""
+    return drafter.graph_specs(drafter, live=live)
