@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import dspark.autotune as autotune
-from conftest import tiny_causal_lm
 from dspark.autotune import DtypeChoice, Machine, choose_dtype, profile_cost_model
+from helpers import tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

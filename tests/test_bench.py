@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import dspark
-from conftest import greedy_decode, tiny_causal_lm
 from dspark.bench import (
     LevelRun,
     RequestRecord,
@@ -36,6 +35,7 @@ from dspark.gating import DraftGate, batch_bucket
 from dspark.profiling import profile_from_shapes, time_shapes
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
+from helpers import greedy_decode, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 32

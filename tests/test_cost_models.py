@@ -20,6 +20,7 @@ from dspark.cost_models import (
     default_profile_path,
 )
 from dspark.protocols import CostModel
+from helpers import tiny_causal_lm
 
 POINTS = {1: 0.050, 4: 0.050, 8: 0.090, 16: 0.170}
 
@@ -475,15 +476,10 @@ def test_profile_cli_writes_a_profile_the_sps_table_reads(tmp_path, capsys):
     """`dspark profile` on a tiny HF folder: shapes over two contexts, a loadable sps-table profile."""
     import json
 
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     import dspark
     from dspark.cli import main
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "tiny")
+    tiny_causal_lm(num_layers=2, init_range=0.02, keep_eos=True).save_pretrained(tmp_path / "tiny")
     out = tmp_path / "p.json"
     assert main(["profile", "--model", str(tmp_path / "tiny"), "--out", str(out), "--requests", "1,2",
                  "--widths", "1,3", "--contexts", "16,40", "--repeats", "2", "--quiet"]) == 0

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import dspark
-from conftest import tiny_causal_lm
 from dspark.data.prompts import (
     DOMAINS,
     Prompt,
@@ -26,6 +25,7 @@ from dspark.engine import Engine
 from dspark.evaluation import Rounds, collect_rounds, evaluate_rounds, threshold_sweep
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
+from helpers import tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 32

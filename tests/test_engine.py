@@ -9,11 +9,11 @@ import torch
 from scipy import stats
 
 import dspark
-from conftest import greedy_decode, record_rounds, run_with_late_join, tiny_causal_lm
 from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
+from helpers import greedy_decode, record_rounds, run_with_late_join, tiny_causal_lm
 
 V = 16  # a tiny vocabulary so random drafters are accepted often enough to exercise every path
 

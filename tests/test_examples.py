@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import dspark
-from conftest import run_with_late_join, tiny_causal_lm
 from dspark.cli import main as cli
 from dspark.drafters.checkpoint import from_pretrained, save_pretrained
 from dspark.drafters.config import DrafterConfig
+from helpers import run_with_late_join, tiny_causal_lm
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 

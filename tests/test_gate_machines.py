@@ -24,12 +24,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import greedy_decode, tiny_causal_lm
 from dspark.cost_models import SPSTableCostModel
 from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.targets import HFTarget
 from dspark.types import DraftBlock, SamplingParams
+from helpers import greedy_decode, tiny_causal_lm
 
 GAMMA = 7
 C = 0.010  # seconds of one plain step (one request, one token)

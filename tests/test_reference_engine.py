@@ -29,11 +29,11 @@ import torch
 import dspark
 import reference_fixtures as rf
 from _sim import chi2_pvalue
-from conftest import exact_two_token_probs, greedy_decode, record_rounds, run_with_late_join
 from dspark.drafters.checkpoint import from_pretrained
 from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.types import SamplingParams
+from helpers import exact_two_token_probs, greedy_decode, record_rounds, run_with_late_join
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,6 +18,7 @@ from dspark.sampling import probs_from_logits
 from dspark.speculative import plain_generate, speculative_generate
 from dspark.types import SamplingParams
 from dspark.verify import verify
+from helpers import tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,15 +28,9 @@ ARCHS = ("llama", "qwen3")
 
 
 def _tiny_model(arch: str, initializer_range: float = 0.02):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
-
-    common = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
-                  bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                  initializer_range=initializer_range)
-    cfg = LlamaConfig(**common) if arch == "llama" else Qwen3Config(head_dim=8, **common)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg).eval().float()
+    return tiny_causal_lm(arch, vocab_size=V, num_layers=2, max_positions=256, init_range=initializer_range,
+                          head_dim=8 if arch == "qwen3" else None, keep_eos=True,
+                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,6 +13,7 @@ import torch
 
 from dspark.protocols import TargetModel
 from dspark.targets import HFTarget, default_layer_ids
+from helpers import tiny_causal_lm
 
 VOCAB = 96
 MAX_POS = 128
@@ -21,18 +22,9 @@ MAX_POS = 128
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _tiny(arch: str, attn: str = "sdpa"):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
-
-    common = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POS,
-        # a large init makes attention far from uniform, so a masking error shows in the logits
-        initializer_range=0.3, tie_word_embeddings=False,
-    )
-    config = LlamaConfig(**common) if arch == "llama" else Qwen3Config(head_dim=8, **common)
-    config._attn_implementation = attn
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).eval()
+    # a large init (0.3) makes attention far from uniform, so a masking error shows in the logits
+    return tiny_causal_lm(arch, vocab_size=VOCAB, num_layers=3, max_positions=MAX_POS, init_range=0.3,
+                          head_dim=8 if arch == "qwen3" else None, attn=attn, keep_eos=True)
 
 
 MODELS = {

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from dspark.drafters.checkpoint import from_pretrained, save_pretrained
 from dspark.training.forward import block_forward
@@ -33,17 +32,14 @@ from dspark.training.trainer import (
     lr_at,
     sample_anchors,
 )
+from helpers import tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 48
 
 
 def tiny_model(seed: int = 0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                      initializer_range=0.2)
-    return AutoModelForCausalLM.from_config(cfg).eval()
+    return tiny_causal_lm(vocab_size=V, num_layers=6, init_range=0.2, seed=seed, keep_eos=True)
 
 
 _SAMPLER = None
