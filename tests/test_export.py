@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoModelForCausalLM
 
 pytest.importorskip("onnx", reason="export tests need onnx: pip install 'dspark[onnx]'")
 pytest.importorskip("onnxruntime", reason="export tests need onnxruntime: pip install 'dspark[onnx]'")
@@ -19,7 +19,6 @@ pytest.importorskip("onnxruntime", reason="export tests need onnxruntime: pip in
 import onnx  # noqa: E402
 
 import dspark  # noqa: E402
-from conftest import run_with_late_join  # noqa: E402
 from dspark.drafters.checkpoint import save_pretrained  # noqa: E402
 from dspark.engine import Engine  # noqa: E402
 from dspark.export import ExportError, OrtDrafter, compare_drafters, export_onnx  # noqa: E402
@@ -29,6 +28,7 @@ from dspark.export.tensorrt_backend import EngineProfile, load_profile, tensorrt
 from dspark.protocols import DraftContext, Drafter  # noqa: E402
 from dspark.targets import HFTarget  # noqa: E402
 from dspark.types import SamplingParams  # noqa: E402
+from helpers import greedy_decode, run_with_late_join, save_tiny_target, tiny_causal_lm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 64
@@ -51,13 +51,7 @@ GRAPHS = {"dspark-gated": ["context", "backbone", "head"], "dspark-vanilla": ["c
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 def tiny_model(vocab: int = V, arch: str = "llama", tied: bool = False, init: float = 0.3):
-    torch.manual_seed(0)
-    cls = LlamaConfig if arch == "llama" else Qwen3Config
-    cfg = cls(vocab_size=vocab, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-              intermediate_size=64, max_position_embeddings=96, initializer_range=init, tie_word_embeddings=tied)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    model.generation_config.eos_token_id = None
-    return model
+    return tiny_causal_lm(arch, vocab_size=vocab, max_positions=96, init_range=init, tied=tied)
 
 
 def make_drafter(target, name: str, std: float = 0.2):
@@ -309,12 +303,6 @@ def engine_model():
     return tiny_model(vocab=ENGINE_V, init=0.3)
 
 
-def _reference(model, prompt, n):
-    out = model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long),
-                         max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, prompt.numel():].tolist()
-
-
 @pytest.mark.parametrize("name", ["dspark-gated", "dspark-rnn", "dflash", "eagle3"])
 def test_engine_with_ort_drafter_is_token_identical_to_greedy_decode(engine_model, name, tmp_path):
     target = HFTarget(engine_model)
@@ -326,7 +314,7 @@ def test_engine_with_ort_drafter_is_token_identical_to_greedy_decode(engine_mode
     n = 20
     rids, done = run_with_late_join(engine, prompts, n)
     for rid, p in zip(rids, prompts):
-        assert done[rid].output_ids == _reference(engine_model, p, n), f"{name}: {rid} diverged"
+        assert done[rid].output_ids == greedy_decode(engine_model, p, n), f"{name}: {rid} diverged"
     assert sum(c.metrics["accepted"] for c in done.values()) > 0  # drafts were really used
     assert engine.drafter._caches == {}  # finished requests released their draft caches
 
@@ -338,14 +326,7 @@ def test_engine_with_ort_drafter_is_token_identical_to_greedy_decode(engine_mode
 
 def _tiny_target_folder(path: Path, vocab: int = V) -> Path:
     """An HF model folder load_target accepts: a tiny Llama and a word-level tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tiny_model(vocab).save_pretrained(path)
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(path)
-    return path
+    return save_tiny_target(path, tiny_model(vocab))
 
 
 @pytest.fixture(scope="module")
@@ -613,4 +594,4 @@ def test_engine_with_tensorrt_drafter_is_token_identical(engine_model, tmp_path)
     prompts = [torch.tensor(p) for p in PROMPTS]
     out = engine.generate(prompts, max_new_tokens=16, progress=False)
     for c, p in zip(out, prompts):
-        assert c.output_ids == _reference(engine_model, p, 16)
+        assert c.output_ids == greedy_decode(engine_model, p, 16)
