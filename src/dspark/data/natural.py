@@ -8,16 +8,18 @@ text instead, with nothing fetched from a network:
   ``*.dist-info/METADATA``, ``.md`` / ``.rst`` / ``.txt`` files inside installed packages, and module
   docstrings of the standard library and installed packages. A paragraph that passes
   :func:`junk_reason` (length 200–1200 characters; no tables, badges, bare links, code, license
-  boilerplate or non-English text) becomes one of many requests about it ("Summarize this for a
+  boilerplate, changelogs or non-English text) becomes one of many requests about it ("Summarize this for a
   beginner", "What problem does this solve?", "Rewrite this more clearly", …); headings and package
   summaries become free-standing questions ("How do I install attrs?").
   With a ``dspark data`` output file (:func:`load_followups`), multi-turn conversations too: a
   recorded prompt, the *target's own* response as the assistant turn, and a follow-up user turn.
+  (Such a conversation's first turn was a prompt of the run that recorded it, so a held-out
+  conversation is new only from its second turn on.)
 * ``code`` — functions of 5–40 lines taken with :mod:`ast` from ``.py`` files of the standard
-  library and installed packages: explain, complete (signature, docstring and the first lines
-  given), write a unit test, find a bug, add type hints, rewrite more readably, implement from the
+  library and installed packages (tests, vendored copies and dunder methods left out): explain,
+  complete (signature, docstring and the first statements given), write a unit test, find a bug, add type hints, rewrite more readably, implement from the
   docstring.
-* ``math`` — word problems from a compositional generator: 12 scenario frames (shopping, travel,
+* ``math`` — word problems from a compositional generator: 13 scenario frames (shopping, travel,
   recipes, percentages, ages, areas, work rates, interest, units, probability, sequences, averages
   and clock times), each with several question types and phrasings (question first, question
   last, conversational, imperative) over seeded numbers; plus unit-conversion questions about
@@ -521,14 +523,17 @@ def _code_prompt(node: ast.FunctionDef | ast.AsyncFunctionDef, seg: list[str], w
     return r.choice(_CODE_TASKS).format(src=src, where=where)
 
 
-def _code_file_items(unit: str, path: Path, seed: int, per_file: int = 2) -> Iterator[NaturalItem]:
-    funcs = _functions(path)
+def _code_file_items(unit: str, path: Path, seed: int, side: str, eval_fraction: float,
+                     per_file: int = 3) -> Iterator[NaturalItem]:
+    """Up to ``per_file`` prompts about functions of one file whose source falls on ``side``."""
+    funcs = [(node, seg, key) for node, seg in _functions(path)
+             if item_side(unit, key := source_key("\n".join(seg)), eval_fraction) == side]
     r = _rng("code", seed, unit)
     where = "the Python standard library" if unit.startswith("code/stdlib/") else \
         f"the `{unit.split('/')[2].removesuffix('.py')}` package"
-    for node, seg in r.sample(funcs, min(per_file, len(funcs))):
+    for node, seg, key in r.sample(funcs, min(per_file, len(funcs))):
         text = _code_prompt(node, seg, where, _rng("code", seed, unit, node.name, node.lineno))
-        yield NaturalItem(Prompt(text, "code"), unit, source_key("\n".join(seg)))
+        yield NaturalItem(Prompt(text, "code"), unit, key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -992,10 +997,11 @@ def _round_robin(queues: list[list]) -> Iterator:
 
 
 def _closed(items: list[NaturalItem], side: str, eval_fraction: float, seed: int, tag: str,
-            per_unit: int | None = None) -> Iterator[NaturalItem]:
+            per_unit: int | None = None, reserved: set[str] | None = None) -> Iterator[NaturalItem]:
     """Items of a fully enumerated source on one side, round-robin over units in a seeded order;
-    every first request about a source before any second one."""
-    reserved = _reserved(items, eval_fraction)
+    every first request about a source before any second one. ``reserved``: the source keys of
+    the reserved units (default: computed from ``items``)."""
+    reserved = _reserved(items, eval_fraction) if reserved is None else reserved
     by_unit: dict[str, list[NaturalItem]] = {}
     for it in items:
         if item_side(it.unit, it.source, eval_fraction, reserved) == side:
@@ -1019,9 +1025,7 @@ def _code_stream(side: str, eval_fraction: float, seed: int) -> Iterator[Natural
     queues = [sorted(files, key=lambda up: band(f"code-order:{seed}:{up[0]}"))
               for _pkg, files in sorted(by_pkg.items(), key=lambda kv: band(f"code-pkg:{seed}:{kv[0]}"))]
     for unit, path in _round_robin(queues):
-        for it in _code_file_items(unit, path, seed):
-            if item_side(it.unit, it.source, eval_fraction) == side:
-                yield it
+        yield from _code_file_items(unit, path, seed, side, eval_fraction, 3 if side == "train" else 1)
 
 
 def _math_stream(side: str, eval_fraction: float, seed: int, limit: int = 2_000_000) -> Iterator[NaturalItem]:
@@ -1054,24 +1058,29 @@ def natural_items(domain: str, side: str = "train", seed: int = 0, eval_fraction
         raise ValueError(f"side must be 'train' or 'eval', got {side!r}")
     if not 0.0 <= eval_fraction < 1.0:
         raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction!r}")
-    docs = _docs()
-    if domain == "chat":
-        doc_items = [it for d in docs for it in _doc_items(d, seed)]
-        streams = [(2.0, _closed(doc_items, side, eval_fraction, seed, "docs"))]
-        if followups:
-            streams.append((1.0, _closed(list(followups), side, eval_fraction, seed, "turns")))
-    elif domain == "code":
+    if domain == "code":
         streams = [(1.0, _code_stream(side, eval_fraction, seed))]
     else:
-        num_items = [it for d in docs for it in _doc_number_items(d, seed)]
-        streams = [(9.0, _math_stream(side, eval_fraction, seed)),
-                   (1.0, _closed(num_items, side, eval_fraction, seed, "docnum", per_unit=3))]
+        docs = _docs()
+        doc_items = [it for d in docs for it in _doc_items(d, seed)]  # every paragraph, heading, summary
+        reserved = _reserved(doc_items, eval_fraction)  # shared by chat and math: a paragraph is one source
+        if domain == "chat":
+            streams = [(2.0, _closed(doc_items, side, eval_fraction, seed, "docs", reserved=reserved))]
+            if followups:
+                streams.append((1.0, _closed(list(followups), side, eval_fraction, seed, "turns")))
+        else:
+            num_items = [it for d in docs for it in _doc_number_items(d, seed)]
+            streams = [(9.0, _math_stream(side, eval_fraction, seed)),
+                       (1.0, _closed(num_items, side, eval_fraction, seed, "docnum", 3, reserved))]
     banned = shipped_eval_keys() if side == "train" else frozenset()
-    seen: set[str] = set()
+    seen_keys: set[str] = set()
+    uses: dict[str, int] = {}
     for it in _mix(streams, _rng("mix", domain, side, seed)):
-        first = it.rank == 0 and it.source not in seen
-        if it.prompt.key not in seen and it.source not in banned and (first or (side == "train" and it.rank)):
-            seen.update((it.prompt.key, it.source))
+        n = uses.get(it.source, 0)
+        ok = n == 0 if it.rank == 0 else side == "train" and n == 1  # a second request: training only
+        if ok and it.prompt.key not in seen_keys and it.source not in banned:
+            seen_keys.add(it.prompt.key)
+            uses[it.source] = n + 1
             yield it
 
 
