@@ -214,11 +214,19 @@ def _generate(args: argparse.Namespace) -> int:
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Build self-distillation data: the target writes responses to math, code and chat prompts "
-        "(built-in generated sources and/or your JSONL files); a held-out split by prompt hash is "
+        "(built-in generated sources, natural prompts from installed packages' real text, and/or "
+        "your JSONL files); a held-out split (by prompt hash; natural prompts by source unit) is "
         "written apart. Re-running resumes."
     )
     p.add_argument("--out", default="data/smollm2", help="folder for train.jsonl, eval_prompts.jsonl, meta.json")
-    p.add_argument("--per-domain", type=int, default=600, help="built-in prompts per domain (math, code, chat)")
+    p.add_argument("--per-domain", type=int, default=600,
+                   help="generated prompts per domain (math, code, chat) and per source")
+    p.add_argument("--source", default="builtin", choices=["builtin", "natural", "both"],
+                   help="generated prompts: builtin templates, natural prompts from the documentation, code "
+                   "and real text of installed packages (dspark.data.natural), or both")
+    p.add_argument("--followups-from", metavar="PATH",
+                   help="a train.jsonl written by `dspark data`: adds multi-turn chat prompts (the target's "
+                   "recorded response + a follow-up question) to the natural source")
     p.add_argument("--prompts", action="append", help="JSONL prompt file (repeatable): {prompt, domain?}")
     p.add_argument("--no-builtin", action="store_true", help="only the --prompts files")
     p.add_argument("--code-modules", help="comma-separated importable modules whose documented functions become "
