@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy import stats
 
 from dspark.sampling import probs_from_logits, sample
 from dspark.types import SamplingParams
@@ -95,22 +94,3 @@ def exact_joint(target_logits: torch.Tensor, params: SamplingParams, n_tokens: i
     for _ in range(n_tokens - 1):
         joint = (joint[:, None] * P[torch.arange(joint.numel()) % V]).reshape(-1)
     return joint.numpy()
-
-
-def chi2_pvalue(tokens: torch.Tensor, expected: np.ndarray, V: int) -> float:
-    """χ² goodness of fit of observed sequences against exact probabilities (cells < 5 pooled)."""
-    n = tokens.shape[1]
-    code = torch.zeros(tokens.shape[0], dtype=torch.long)
-    for i in range(n):
-        code = code * V + tokens[:, i]
-    observed = np.bincount(code.numpy(), minlength=V**n).astype(float)
-    exp_counts = expected * tokens.shape[0]
-    big = exp_counts >= 5
-    if (observed[~big] > 0).any() and exp_counts[~big].sum() == 0:
-        return 0.0  # a sequence the target can never produce was generated
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(exp_counts[big], exp_counts[~big].sum())
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    exp = exp * obs.sum() / exp.sum()  # float rounding only; scipy wants equal totals
-    return float(stats.chisquare(obs, exp).pvalue)

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 import dspark
-from _sim import chi2_pvalue, exact_joint, simulate
+from _sim import exact_joint, simulate
 from dspark.cost_models import SPSTableCostModel
 from dspark.schedulers import LossyScheduleWarning
 from dspark.types import SamplingParams
+from helpers import chi2_pvalue, sequence_counts
 
 V, GAMMA, N_TOK = 4, 3, 3
 
@@ -66,7 +67,7 @@ def test_committed_tokens_follow_target(sched, case, pname):
         target, draft, conf, params, SCHEDULERS[sched](), CPU_LIKE,
         n_trials=6000, n_tokens=N_TOK, gamma=GAMMA, seed=zlib.crc32(f"{sched}/{case}/{pname}".encode()),  # stable across processes
     )
-    pvalue = chi2_pvalue(tokens, exact_joint(target, params, N_TOK), V)
+    pvalue = chi2_pvalue(sequence_counts(tokens, V), exact_joint(target, params, N_TOK))
     assert pvalue > 1e-3, f"{sched}/{case}/{pname}: χ² p = {pvalue:.2e} (τ = {st['tau']:.2f})"
     assert st["tau"] >= 1.0
 
@@ -115,7 +116,7 @@ def test_sps_argmax_is_biased_on_the_counterexample_and_sps_greedy_is_not():
     p_a, tokens = _first_token_freq(dspark.get_scheduler("sps-greedy"))
     assert abs(p_a - 0.7) < 0.015, p_a
     target = _counterexample()[0]
-    assert chi2_pvalue(tokens, exact_joint(target, SamplingParams(temperature=1.0), 1, start=2), 3) > 1e-3
+    assert chi2_pvalue(sequence_counts(tokens, 3), exact_joint(target, SamplingParams(temperature=1.0), 1, start=2)) > 1e-3
 
 
 def test_sps_argmax_fails_the_general_chi2_test():
@@ -127,7 +128,7 @@ def test_sps_argmax_fails_the_general_chi2_test():
     params = SamplingParams(temperature=1.0)
     tokens, _ = simulate(target, draft, conf, params, lossy, cost, n_trials=6000,
                          n_tokens=1, gamma=2, group=1, start=2)
-    assert chi2_pvalue(tokens, exact_joint(target, params, 1, start=2), 3) < 1e-6
+    assert chi2_pvalue(sequence_counts(tokens, 3), exact_joint(target, params, 1, start=2)) < 1e-6
 
 
 def test_harness_detects_greedy_drafts_verified_as_sampled():
@@ -136,4 +137,4 @@ def test_harness_detects_greedy_drafts_verified_as_sampled():
     params = SamplingParams(temperature=1.0)
     tokens, _ = simulate(target, draft, conf, params, dspark.get_scheduler("full"), CPU_LIKE,
                          n_trials=6000, n_tokens=N_TOK, gamma=GAMMA, greedy_draft_bug=True)
-    assert chi2_pvalue(tokens, exact_joint(target, params, N_TOK), V) < 1e-6
+    assert chi2_pvalue(sequence_counts(tokens, V), exact_joint(target, params, N_TOK)) < 1e-6

@@ -28,12 +28,18 @@ import torch
 
 import dspark
 import reference_fixtures as rf
-from _sim import chi2_pvalue
 from dspark.drafters.checkpoint import from_pretrained
 from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.types import SamplingParams
-from helpers import exact_two_token_probs, greedy_decode, record_rounds, run_with_late_join
+from helpers import (
+    assert_same_distribution,
+    exact_two_token_probs,
+    greedy_decode,
+    record_rounds,
+    run_with_late_join,
+    sequence_counts,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -141,8 +147,8 @@ def _check_sampling(name: str, sched: str, pname: str) -> None:
     engine = _engine(name, sched, seed=11)
     out = engine.generate([CHI2_PROMPT] * N_SAMPLES, SAMPLING[pname], max_new_tokens=3, progress=False)
     tokens = torch.tensor([c.output_ids[:2] for c in out])  # [N, 2]
-    pvalue = chi2_pvalue(tokens, _exact(pname), V)
-    assert pvalue > 1e-3, f"{name}/{sched}/{pname}: χ² p = {pvalue:.2e}"
+    # the exact law comes from a separate forward: a top-p boundary token may differ by float noise
+    assert_same_distribution(sequence_counts(tokens, V), _exact(pname), f"{name}/{sched}/{pname}", exact_support=False)
     verified = sum(sum(c.rounds.verified) for c in out)
     accepted = sum(c.metrics["accepted"] for c in out)
     assert verified > 0 and accepted > 0, f"{name}/{sched}/{pname}: verified {verified}, accepted {accepted}"

@@ -8,7 +8,6 @@ the n-gram drafter's one-hot q commits a first token distributed exactly as the 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -18,7 +17,7 @@ from dspark.sampling import probs_from_logits
 from dspark.speculative import plain_generate, speculative_generate
 from dspark.types import SamplingParams
 from dspark.verify import verify
-from helpers import tiny_causal_lm
+from helpers import chi2_pvalue, tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -177,29 +176,6 @@ def test_sampling_loop_is_reproducible_and_in_vocab(tiny):
 # --------------------------------------------------------------------------------------------
 
 
-def _chi2_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
-    """χ² goodness of fit; cells with expected < min_expected are pooled into one cell."""
-    n = counts.sum()
-    expected = probs * n
-    small = expected < min_expected
-    obs = counts[~small].astype(float)
-    exp = expected[~small]
-    if small.any():
-        obs = np.append(obs, counts[small].sum())
-        exp = np.append(exp, expected[small].sum())
-    # a pooled cell that is still tiny: merge it into the smallest regular cell
-    if exp.size > 1 and exp[-1] < min_expected:
-        i = int(np.argmin(exp[:-1]))
-        exp[i] += exp[-1]
-        obs[i] += obs[-1]
-        exp, obs = exp[:-1], obs[:-1]
-    assert counts[expected == 0].sum() == 0, "a token with target probability 0 was committed"
-    if exp.size < 2:
-        return 1.0
-    exp = exp * obs.sum() / exp.sum()  # guard tiny float drift
-    return float(stats.chisquare(obs, exp).pvalue)
-
-
 N_DRAWS = 3000
 
 
@@ -245,7 +221,7 @@ def test_first_token_follows_target_softmax(peaked, prompt_key, temperature, top
                  p[None].expand(N_DRAWS, 2, V), torch.ones(N_DRAWS, dtype=torch.long), g)
     first = res.committed[:, 0]
     counts = torch.bincount(first, minlength=V).numpy()
-    pv = _chi2_pvalue(counts, p[0].double().numpy())
+    pv = chi2_pvalue(counts, p[0].double().numpy())
     assert pv > 1e-3, f"{arch}: first token deviates from the target softmax (p-value {pv:.2e})"
 
     # a one-hot draft is accepted with probability p_1(x̂)
@@ -258,7 +234,7 @@ def test_first_token_follows_target_softmax(peaked, prompt_key, temperature, top
     # after an accepted draft the bonus token follows p_2
     bonus = res.committed[res.accepted == 1, 1]
     if bonus.numel() >= 200:
-        pv2 = _chi2_pvalue(torch.bincount(bonus, minlength=V).numpy(), p[1].double().numpy())
+        pv2 = chi2_pvalue(torch.bincount(bonus, minlength=V).numpy(), p[1].double().numpy())
         assert pv2 > 1e-3, f"{arch}: bonus token deviates from p_2 (p-value {pv2:.2e})"
 
 
@@ -273,5 +249,5 @@ def test_chi2_harness_has_power(peaked):
     accept = torch.rand(N_DRAWS, generator=g, dtype=torch.float64) < p[x_hat]
     wrong = torch.where(accept, x_hat, torch.multinomial(p, N_DRAWS, replacement=True, generator=g))
     # biased towards x̂: P(x̂) = p + (1 − p)·p instead of p
-    pv = _chi2_pvalue(torch.bincount(wrong, minlength=V).numpy(), p.numpy())
+    pv = chi2_pvalue(torch.bincount(wrong, minlength=V).numpy(), p.numpy())
     assert pv < 1e-3
