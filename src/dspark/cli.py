@@ -262,7 +262,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data", required=True, help="a `dspark data` folder (train.jsonl)")
     p.add_argument("--out", required=True, help="run folder: state.pt, log.jsonl, curve.png, checkpoint/")
-    p.add_argument("--kind", default="dspark", choices=["dspark", "dflash", "eagle3", "eagle3-fused"])
+    p.add_argument("--kind", default="dspark",
+                   help="drafter kind: dspark, dflash, eagle3, eagle3-fused, or one a plugin registers")
     p.add_argument("--head", default="gated-markov", choices=["vanilla-markov", "gated-markov", "rnn"])
     p.add_argument("--rank", type=int, default=256, help="sequential head rank r")
     p.add_argument("--num-layers", type=int, default=1, help="draft layers (Eagle3: always 1)")

@@ -83,7 +83,8 @@ def run_data(args: Any) -> int:
     write_prompts(out / "eval_prompts.jsonl", held)
     data = out / "train.jsonl"
     done = done_keys(data)
-    todo = [p for p in train if p.key not in done]
+    # In key (sha1) order: domains and sources interleave, so an interrupted run holds a balanced sample.
+    todo = sorted((p for p in train if p.key not in done), key=lambda p: p.key)
     print(f"{len(train)} training prompts ({len(done)} already done), {len(held)} held out "
           f"→ {out / 'eval_prompts.jsonl'}", file=sys.stderr)
     sampling = (SamplingParams.greedy() if args.temperature == 0
