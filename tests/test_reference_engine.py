@@ -33,6 +33,7 @@ from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.types import SamplingParams
 from helpers import (
+    TickClock,
     assert_same_distribution,
     exact_two_token_probs,
     greedy_decode,
@@ -67,8 +68,9 @@ DRAFTERS = [*rf.DEEPSPEC_BLOCK, "speculators-dspark", "speculators-dflash"] + [
 # 500-request batch that cliff makes sps-greedy verify nothing for weakly confident drafters).
 # Its step time is absurdly short (0.1 ms) on purpose: before any plain round is measured the draft
 # gate compares the measured drafted rounds with this estimate, so its first decision is surely a
-# skip and the "+gate" runs really mix drafted and plain rounds (later decisions read wall-clock
-# rates; either way the output must not change).
+# skip and the "+gate" runs really mix drafted and plain rounds (later decisions read the measured
+# rates; either way the output must not change). The engines run on a TickClock, so those rates, and
+# which rounds are drafted, do not depend on the machine's speed or load (the χ² samples would).
 FLAT = dspark.get_cost_model("sps-table", profile={
     "device": "test", "model": "tiny", "dtype": "float32", "date": "2026-11-30", "accounting": "packed",
     "points": [{"batch_size": 1, "step_seconds": 1e-4}, {"batch_size": 65536, "step_seconds": 1.01e-4}]})
@@ -84,9 +86,11 @@ SCHEDULERS = {
 def _engine(name: str, sched: str, seed: int = 0) -> Engine:
     target = rf.target()  # a fresh HFTarget (own KV caches) over the shared fixture model
     kind, cfg = SCHEDULERS[sched]
-    gate = DraftGate(min_backoff=1, max_backoff=2) if sched.endswith("+gate") else None
+    # hopeless_skip=2: the gate's bound calls the first drafted round hopeless (FLAT's estimate); with
+    # the default 256-round skip, never reopened, no later round was drafted (no catch-up tested)
+    gate = DraftGate(min_backoff=1, max_backoff=2, hopeless_skip=2) if sched.endswith("+gate") else None
     return Engine(target, from_pretrained(rf.folder(name), target), scheduler=dspark.get_scheduler(kind, **cfg),
-                  cost_model=FLAT, draft_gate=gate, seed=seed)
+                  cost_model=FLAT, draft_gate=gate, seed=seed, clock=TickClock())
 
 
 def _prompt(seed: int) -> torch.Tensor:
@@ -123,6 +127,8 @@ def test_greedy_identical_to_target_decode(name, sched, references):
     assert verified > 0 and any(i.drafted and sum(i.lengths) > 0 for i in infos), f"{name}/{sched}: nothing verified"
     if sched == "sps-greedy+gate":
         assert any(not i.drafted for i in infos), "the draft gate never skipped a round"
+        assert any(not a.drafted and b.drafted for a, b in zip(infos, infos[1:])), \
+            f"{name}: no round was drafted after a skipped one (the drafter's catch-up)"
     if sched == "full":  # every valid draft verified: the seeds above guarantee natural acceptances
         assert accepted >= 2, f"{name}: only {accepted} drafts accepted"
 
