@@ -13,23 +13,22 @@ from attrs import frozen
 
 import dspark
 import dspark.plugins
-from dspark.schedulers import summarise, survival
+from dspark.schedulers import SchedulerBase
 
 
 @frozen
-class HalfScheduler:
-    """Verify the first half of every draft (a stopping rule: it never reads confidences)."""
+class HalfScheduler(SchedulerBase):
+    """Verify the first half of every draft (a stopping rule: it never reads confidences).
+
+    A scheduler only chooses the lengths ℓ [R]; dspark checks them and builds the Schedule
+    (τ, B, Θ). SchedulerBase adds ``schedule(confidence, valid_lengths, cost_model)``.
+    """
 
     name = "half"
     lossless = True
 
-    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> dspark.Schedule:
-        R, gamma = confidence.shape
-        valid = torch.full((R,), gamma) if valid_lengths is None else valid_lengths
-        a = survival(confidence, valid)
-        lengths = valid // 2
-        tau, B, theta = summarise(a, lengths, cost_model)
-        return dspark.Schedule(lengths, a, tau, B, theta)
+    def lengths(self, confidence, valid_lengths, cost_model=None) -> torch.Tensor:
+        return valid_lengths // 2  # [R]
 
 
 class Plugin:

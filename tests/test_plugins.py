@@ -14,7 +14,7 @@ import dspark
 from dspark import plugins
 from dspark.hookspecs import hookimpl
 from dspark.plugins import EXTENSION_POINTS, PluginError
-from dspark.types import DraftBlock, Schedule
+from dspark.types import DraftBlock
 
 
 @pytest.fixture
@@ -103,9 +103,8 @@ class FlatCost:
 class NoneScheduler:
     name, lossless = "none", True
 
-    def schedule(self, confidence, valid_lengths=None, cost_model=None):
-        R = confidence.shape[0]
-        return Schedule(torch.zeros(R, dtype=torch.long), torch.cumprod(confidence, 1), float(R), R)
+    def lengths(self, confidence, valid_lengths, cost_model=None):
+        return torch.zeros(confidence.shape[0], dtype=torch.long)
 
 
 def WideDFlash():  # noqa: N802 (a zero-argument factory, registered like a class)
@@ -185,7 +184,7 @@ def test_object_not_satisfying_the_protocol(plugin_module):
     def register_schedulers(register):
         register("bad", NotAScheduler)
 
-    with pytest.raises(PluginError, match="plugin 'test-plugin' registered scheduler 'bad'.*Scheduler protocol.*missing: schedule"):
+    with pytest.raises(PluginError, match="plugin 'test-plugin' registered scheduler 'bad'.*Scheduler protocol.*missing: lengths"):
         plugin_module(register_schedulers=register_schedulers)
 
 

@@ -23,9 +23,8 @@ from attrs import define, field, frozen
 
 from dspark.plugins import resolve
 from dspark.protocols import DraftContext
-from dspark.sampling import probs_for_requests, sample
-from dspark.types import SamplingParams, Schedule
-from dspark.verify import verify, verify_greedy
+from dspark.round import speculative_round
+from dspark.types import SamplingParams
 
 __all__ = ["Engine", "encode_prompt", "RequestMetrics", "RoundInfo", "StepOutput", "Completion"]
 
@@ -104,17 +103,6 @@ class Completion:
     finish_reason: str
     metrics: dict[str, Any]
     rounds: RequestMetrics | None = None  # per-round proposed/verified/accepted/confidence
-
-
-def _check_schedule(scheduler: Any, plan: Any, valid: torch.Tensor) -> None:
-    """A scheduler (a plugin's, perhaps) must return a Schedule with ℓ_r ∈ [0, valid_r]."""
-    name = getattr(scheduler, "name", type(scheduler).__name__)
-    if not isinstance(plan, Schedule):
-        raise TypeError(f"scheduler {name!r} returned a {type(plan).__qualname__}, not a dspark.Schedule")
-    lengths = plan.lengths
-    if lengths.shape != valid.shape or bool((lengths < 0).any()) or bool((lengths > valid).any()):
-        raise ValueError(f"scheduler {name!r} returned lengths {lengths.tolist()}; each must lie in "
-                         f"[0, valid draft length] = {[[0, int(v)] for v in valid]}")
 
 
 def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict] | Sequence[int] | torch.Tensor,
@@ -282,54 +270,30 @@ class Engine:
                 self.target.max_context - r.tokens.numel() - 1)
             for r in reqs
         ]).clamp_min(0)  # [R]
-        anchors = torch.stack([r.tokens[-1] for r in reqs])  # [R]
         drafted = self.drafter is not None and (self.draft_gate is None or self.draft_gate.should_draft(rids))
-        t_draft, expected = 0.0, float(R)
-        if not drafted:
-            lengths = torch.zeros(R, dtype=torch.long)
-            tokens = anchors[:, None]  # [R, 1]
-            gamma = 0
-        else:
-            feats = [(r.features[0] if len(r.features) == 1 else torch.cat(r.features)) if r.features
-                     else torch.empty(0, 0) for r in reqs]
-            ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
-                               max_lengths=room, features={"hidden": feats})
-            t0 = self.clock()
-            block = self.drafter.draft(ctx)
-            self.timings["draft"] += self.clock() - t0
+        # Features wait in r.features while the gate skips drafting; the next drafted round gets them all.
+        feats = [(r.features[0] if len(r.features) == 1 else torch.cat(r.features)) if r.features
+                 else torch.empty(0, 0) for r in reqs] if drafted else None
+        ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
+                           max_lengths=room, features={"hidden": feats} if drafted else {})
+        before = [self.target.cached_length(rid) for rid in rids]
+
+        def verify_fn(tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[Any, torch.Tensor]:
+            out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
+            return out, out.logits
+
+        res = speculative_round(
+            ctx, verify_fn, drafter=self.drafter if drafted else None, confidence_model=self.confidence_model,
+            calibrator=self.calibrator, scheduler=self.scheduler, cost_model=self.cost_model, clock=self.clock)
+        block, raw, out = res.block, res.confidence_logits, res.output
+        lengths, expected, accepted, committed = res.lengths, res.expected_tokens, res.accepted, res.committed
+        gamma, t_draft, t_target = res.gamma, res.draft_seconds, res.verify_seconds
+        if drafted:
+            self.timings["draft"] += t_draft
             self.timings["sequential_head"] += getattr(self.drafter, "timings", {}).get("sequential_head", 0.0)
             for r in reqs:
                 r.features = []
-            raw = self.confidence_model.confidence_logits(block)  # [R, γ]
-            c = self.calibrator.calibrate(raw)  # [R, γ]
-            plan = self.scheduler.schedule(c, block.valid_lengths, self.cost_model)
-            _check_schedule(self.scheduler, plan, block.valid_lengths)
-            t_draft = self.clock() - t0
-            lengths, expected = plan.lengths, plan.expected_tokens  # [R]
-            gamma = block.gamma
-            tokens = torch.cat([anchors[:, None], block.tokens], dim=1)  # [R, 1+γ]
-        before = [self.target.cached_length(rid) for rid in rids]
-        t0 = self.clock()
-        out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
-        t_target = self.clock() - t0
         self.timings["target"] += t_target
-        logits = out.logits[:, : gamma + 1]
-        if gamma == 0 and all(r.sampling.is_greedy for r in reqs):
-            nxt = logits[:, 0].float().argmax(-1)  # [R] no distribution needed; fp32 argmax is faster
-            accepted = torch.zeros(R, dtype=torch.long)
-            committed = nxt[:, None]
-        elif gamma == 0:
-            p = probs_for_requests(logits[:, 0], [r.sampling for r in reqs])  # [R, V]
-            nxt = sample(p, gens)  # [R]
-            accepted = torch.zeros(R, dtype=torch.long)
-            committed = nxt[:, None]
-        elif all(r.sampling.is_greedy for r in reqs):
-            res = verify_greedy(block.tokens, logits.float().argmax(-1), lengths)
-            accepted, committed = res.accepted, res.committed
-        else:
-            p = probs_for_requests(logits, [r.sampling for r in reqs])  # [R, 1+γ, V]
-            res = verify(block.tokens, block.q, p, lengths, gens)
-            accepted, committed = res.accepted, res.committed
         keep = torch.tensor(before) + 1 + accepted  # anchor + accepted drafts stay cached
         self.target.rollback(rids, keep)
         outputs = []

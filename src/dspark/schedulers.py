@@ -8,6 +8,10 @@ expected throughput Θ = τ · SPS(B), or τ / (t(B) + α(R)) when the cost mode
 per-request overhead α(R) (``batch_overhead_seconds``: constant across one round's choices, but
 it makes the ratio less steep, so dropping it would over-trim).
 
+A scheduler returns the lengths ℓ [R] (``lengths(c, valid, cost_model)``); the framework checks
+them and builds the :class:`~dspark.types.Schedule` with τ, B and Θ (:func:`build_schedule`), so no
+scheduler — built-in or a plugin's — repeats survival → summarise → Schedule.
+
 Losslessness: a schedule may be used with rejection sampling only if it is a *stopping rule* —
 the decision "verify position j" depends on c_{r,1..j} and on other requests, never on
 c_{r,j+1..γ} (which read x̂_j). Every scheduler states it in ``lossless``; ``sps-argmax`` is the
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +33,8 @@ from dspark.protocols.cost_model import CostModel
 from dspark.types import Schedule
 
 __all__ = [
+    "build_schedule",
+    "SchedulerBase",
     "FullScheduler",
     "FixedScheduler",
     "ThresholdScheduler",
@@ -185,40 +192,60 @@ def sps_greedy_lengths(
 # --------------------------------------------------------------------------------------------
 
 
-def _schedule(
-    a: torch.Tensor, lengths: torch.Tensor, cost_model: CostModel | None
+def build_schedule(
+    scheduler: Any, confidence: torch.Tensor, valid_lengths: torch.Tensor | None = None,
+    cost_model: CostModel | None = None,
 ) -> Schedule:
+    """The framework's half of scheduling: check the inputs, ask ``scheduler.lengths`` for ℓ [R],
+    check ℓ_r ∈ [0, valid_r] (a plugin's answer included), and build the Schedule (τ, B, Θ)."""
+    c, v = _check_inputs(confidence, valid_lengths)  # [R, γ], [R]
+    name = getattr(scheduler, "name", type(scheduler).__name__)
+    lengths = scheduler.lengths(c, v, cost_model)
+    if not isinstance(lengths, torch.Tensor) or lengths.dtype.is_floating_point or lengths.shape != v.shape:
+        got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else type(lengths).__qualname__
+        raise TypeError(f"scheduler {name!r} must return integer lengths ℓ of shape [R={v.shape[0]}], got {got}")
+    lengths = lengths.long()
+    if bool((lengths < 0).any()) or bool((lengths > v).any()):
+        raise ValueError(f"scheduler {name!r} returned lengths {lengths.tolist()}; each must lie in "
+                         f"[0, valid draft length] = {[[0, int(x)] for x in v]}")
+    a = survival(c, v)  # [R, γ]
     tau, B, theta = summarise(a, lengths, cost_model)
-    return Schedule(lengths.long(), a, tau, B, theta)
+    return Schedule(lengths, a, tau, B, theta)
+
+
+class SchedulerBase:
+    """``schedule(...)`` for a scheduler that implements ``lengths(c, valid, cost_model)``."""
+
+    def schedule(self, confidence: torch.Tensor, valid_lengths: torch.Tensor | None = None,
+                 cost_model: CostModel | None = None) -> Schedule:
+        return build_schedule(self, confidence, valid_lengths, cost_model)
 
 
 @frozen
-class FullScheduler:
+class FullScheduler(SchedulerBase):
     """Verify every valid draft token (the classic speculative-decoding schedule)."""
 
     name = "full"
     lossless = True
 
-    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
-        c, v = _check_inputs(confidence, valid_lengths)
-        return _schedule(survival(c, v), v, cost_model)
+    def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
+        return valid
 
 
 @frozen
-class FixedScheduler:
+class FixedScheduler(SchedulerBase):
     """Verify the first k draft tokens (MTP-k style); k = 0 is plain decoding."""
 
     name = "fixed"
     lossless = True
     k: int = field(default=1, validator=[validators.instance_of(int), validators.ge(0)])
 
-    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
-        c, v = _check_inputs(confidence, valid_lengths)
-        return _schedule(survival(c, v), v.clamp(max=self.k), cost_model)
+    def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
+        return valid.clamp(max=self.k)
 
 
 @frozen
-class ThresholdScheduler:
+class ThresholdScheduler(SchedulerBase):
     """Verify while the confidence stays at or above a static threshold.
 
     ``mode="step"`` thresholds the per-step c_{r,j} (stop at the first c_j < threshold);
@@ -230,13 +257,10 @@ class ThresholdScheduler:
     threshold: float = field(default=0.5, validator=[validators.ge(0.0), validators.le(1.0)])
     mode: str = field(default="step", validator=validators.in_(("step", "survival")))
 
-    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
-        c, v = _check_inputs(confidence, valid_lengths)
-        a = survival(c, v)  # [R, γ]
-        score = c if self.mode == "step" else a  # [R, γ]
-        keep = (score >= self.threshold) & (torch.arange(c.shape[1])[None, :] < v[:, None])
-        lengths = torch.cumprod(keep.long(), dim=1).sum(dim=1)  # [R]
-        return _schedule(a, lengths, cost_model)
+    def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
+        score = c if self.mode == "step" else survival(c, valid)  # [R, γ]
+        keep = (score >= self.threshold) & (torch.arange(c.shape[1])[None, :] < valid[:, None])
+        return torch.cumprod(keep.long(), dim=1).sum(dim=1)  # [R]
 
 
 def _require_cost_model(name: str, cost_model: CostModel | None) -> CostModel:
@@ -246,7 +270,7 @@ def _require_cost_model(name: str, cost_model: CostModel | None) -> CostModel:
 
 
 @frozen
-class SPSGreedyScheduler:
+class SPSGreedyScheduler(SchedulerBase):
     """Hardware-aware prefix scheduling: maximise Θ = τ · SPS(B) greedily, with the early break.
 
     At low load SPS is flat and long drafts are verified; at saturation the schedule degrades to
@@ -256,15 +280,12 @@ class SPSGreedyScheduler:
     name = "sps-greedy"
     lossless = True
 
-    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
-        c, v = _check_inputs(confidence, valid_lengths)
-        cm = _require_cost_model(self.name, cost_model)
-        lengths, a, tau, B, theta = sps_greedy_lengths(c, v, cm)
-        return Schedule(lengths, a, tau, B, theta)
+    def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
+        return sps_greedy_lengths(c, valid, _require_cost_model(self.name, cost_model))[0]
 
 
 @frozen
-class SPSArgmaxScheduler:
+class SPSArgmaxScheduler(SchedulerBase):
     """NOT LOSSLESS. Global argmax of Θ over all admission prefixes (no early break).
 
     It looks past the first non-improving candidate, so whether (r, j) is verified can depend on
@@ -284,12 +305,8 @@ class SPSArgmaxScheduler:
             stacklevel=3,
         )
 
-    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
-        c, v = _check_inputs(confidence, valid_lengths)
+    def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
         cm = _require_cost_model(self.name, cost_model)
         R, gamma = c.shape
-        a = survival(c, v)
-        order, tau, B, theta = _admission_curve(a.double().numpy(), v.numpy(), cm)
-        K = int(np.argmax(theta))
-        lengths = _lengths_from_admitted(order, K, R, gamma)
-        return Schedule(lengths, a, float(tau[K]), int(B[K]), float(theta[K]))
+        order, _tau, _B, theta = _admission_curve(survival(c, valid).double().numpy(), valid.numpy(), cm)
+        return _lengths_from_admitted(order, int(np.argmax(theta)), R, gamma)

@@ -1,9 +1,10 @@
 """A reference speculative decoding loop for one request on an HF causal LM.
 
-Each round: draft → confidence → calibrate → schedule → one target forward over
-[anchor, x̂_1..x̂_ℓ] → verify → commit → crop the KV cache back to the committed prefix. The
-batched, continuously-batching engine builds on the same parts; this loop is the executable
-specification it is tested against, and what ``dspark demo`` runs.
+Each round (:func:`dspark.round.speculative_round`, the same round the batched engine runs):
+draft → confidence → calibrate → schedule → one target forward over [anchor, x̂_1..x̂_ℓ] (here:
+an HF model with a DynamicCache) → verify → commit → crop the KV cache back to the committed
+prefix. It shares the round with the engine, not the target-side bookkeeping (one request, no
+padding, no continuous batching), so engine tests can compare the two.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from dspark.protocols import (
     Drafter,
     Scheduler,
 )
-from dspark.sampling import probs_from_logits
+from dspark.round import speculative_round
 from dspark.types import SamplingParams
-from dspark.verify import verify, verify_greedy
 
 __all__ = ["RoundStats", "speculative_generate", "plain_generate"]
 
@@ -94,32 +94,26 @@ def speculative_generate(
         room = max_new_tokens - len(out) - 1  # the round always commits one target token too
         ctx = DraftContext(["r0"], [seq], [params], [generator] if generator else None,
                            max_lengths=torch.tensor([room]))
-        block = drafter.draft(ctx)
-        z = confidence_model.confidence_logits(block)  # [1, γ] raw
-        c = calibrator.calibrate(z)  # [1, γ]
-        ell = int(scheduler.schedule(c, block.valid_lengths, cost_model).lengths[0])
-        ids = torch.cat([seq[-1:], block.tokens[0, :ell]])  # [1 + ℓ]
-        t0 = time.perf_counter()
-        logits = _forward(model, ids, cache)  # [1 + ℓ, V]
-        stats.target_seconds += time.perf_counter() - t0
-        gamma = block.gamma
-        padded = logits.new_zeros(gamma + 1, logits.shape[-1])
-        padded[: ell + 1] = logits
-        lengths = torch.tensor([ell])
-        if params.is_greedy:
-            res = verify_greedy(block.tokens, padded.argmax(-1)[None], lengths)
-        else:
-            p = probs_from_logits(padded[None], params.temperature, params.top_k, params.top_p)
-            res = verify(block.tokens, block.q, p, lengths, generator)
+
+        def verify_fn(tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[None, torch.Tensor]:
+            ell = int(lengths[0])
+            logits = _forward(model, tokens[0, : 1 + ell], cache)  # [1 + ℓ, V]
+            padded = logits.new_zeros(tokens.shape[1], logits.shape[-1])  # [1 + γ, V], zero beyond 1 + ℓ
+            padded[: ell + 1] = logits
+            return None, padded[None]
+
+        res = speculative_round(ctx, verify_fn, drafter=drafter, confidence_model=confidence_model,
+                                calibrator=calibrator, scheduler=scheduler, cost_model=cost_model)
+        stats.target_seconds += res.verify_seconds
         n_acc = int(res.accepted[0])
         committed = res.committed[0, : n_acc + 1].tolist()
         # The cache holds the old prefix + anchor + ℓ drafts; keep only anchor + accepted drafts.
         crop_cache(cache, seq.numel() + n_acc)
         stats.rounds += 1
-        stats.proposed.append(int(block.valid_lengths[0]))
-        stats.verified.append(ell)
+        stats.proposed.append(int(res.block.valid_lengths[0]))
+        stats.verified.append(int(res.lengths[0]))
         stats.accepted.append(n_acc)
-        stats.confidence_logits.append(z[0])
+        stats.confidence_logits.append(res.confidence_logits[0])
         if eos_token_id is not None and eos_token_id in committed:
             committed = committed[: committed.index(eos_token_id) + 1]
         out.extend(committed)

@@ -27,6 +27,7 @@ from attrs import define, frozen
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 from dspark.bench.runner import SchedulerSpec, arrival_times
 from dspark.cost_models import round_seconds
+from dspark.schedulers import build_schedule
 
 __all__ = ["Trace", "TimeModel", "traces_from_rounds", "fit_time_model", "simulate_level"]
 
@@ -187,7 +188,7 @@ def simulate_level(
             room = torch.tensor([q.budget - q.record.new_tokens - 1 for q in active]).clamp_min(0)  # [R]
             proposed = torch.tensor([int(q.trace.proposed[q.cursor % n]) for q, n in zip(active, rows)])
             valid = torch.minimum(torch.minimum(proposed, room), torch.tensor(gamma))  # [R]
-            plan = scheduler.schedule(calibrator.calibrate(z), valid, cost_model)
+            plan = build_schedule(scheduler, calibrator.calibrate(z), valid, cost_model)
             lengths = plan.lengths  # [R]
             accepted = torch.minimum(full_acc, lengths)  # [R]
             draft_s = time_model.draft_seconds(R, gamma, cost_model)

@@ -8,8 +8,7 @@ import torch
 from attrs import field, frozen, validators
 
 import dspark
-from dspark.schedulers import summarise, survival
-from dspark.types import Schedule
+from dspark.schedulers import SchedulerBase, survival
 
 __version__ = "0.1.0"
 
@@ -37,7 +36,7 @@ class AffineCostModel:
 
 
 @frozen
-class TokenBudgetScheduler:
+class TokenBudgetScheduler(SchedulerBase):
     """Admit (r, j) by descending survival while B = Σ(1 + ℓ) stays within ``max_tokens``.
 
     Stops at the first candidate that does not fit, so the decision on (r, j) never looks at
@@ -48,18 +47,16 @@ class TokenBudgetScheduler:
     lossless: ClassVar[bool] = True
     max_tokens: int = field(default=64, validator=[validators.instance_of(int), validators.gt(0)])
 
-    def schedule(self, confidence, valid_lengths=None, cost_model=None) -> Schedule:
+    def lengths(self, confidence, valid_lengths, cost_model=None) -> torch.Tensor:
         R, gamma = confidence.shape
-        valid = torch.full((R,), gamma) if valid_lengths is None else valid_lengths.long()
-        a = survival(confidence.float(), valid)  # [R, γ]
+        valid = valid_lengths
+        a = survival(confidence, valid)  # [R, γ]
         room = max(self.max_tokens - R, 0)  # draft tokens that fit after the R anchors
         is_valid = torch.arange(gamma)[None, :] < valid[:, None]  # [R, γ]
         key = torch.where(is_valid, a, -1.0).reshape(-1)  # invalid positions sort last
         _, order = torch.sort(key, descending=True, stable=True)  # [Rγ]
         K = min(room, int(valid.sum()))
-        lengths = torch.bincount(order[:K] // gamma, minlength=R)  # [R]
-        tau, B, theta = summarise(a, lengths, cost_model)
-        return Schedule(lengths, a, tau, B, theta)
+        return torch.bincount(order[:K] // gamma, minlength=R)  # [R] ℓ; dspark builds the Schedule
 
 
 @dspark.hookimpl
