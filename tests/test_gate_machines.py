@@ -63,6 +63,7 @@ class OracleDrafter:
     (later ones are shifted to a wrong token); confident where correct. Costs ``seconds`` per round."""
 
     name = "oracle"
+    target_layer_ids, timings = (), {}  # reads no target features
 
     def __init__(self, model, clock: VirtualClock, seconds: float, right) -> None:
         self.model, self.clock, self.seconds, self.right = model, clock, seconds, right

@@ -40,6 +40,7 @@ def plugin_module():
 
 class EchoDrafter:
     name, gamma, vocab_size = "echo", 2, 5
+    target_layer_ids, timings = (), {}
 
     def draft(self, context):
         R = len(context.request_ids)
@@ -59,6 +60,9 @@ class ZeroHead:
 
     def forward(self, prev_tokens, hidden, base_logits):
         return base_logits
+
+    def prev_embedding(self, prev_tokens):
+        return torch.zeros(*prev_tokens.shape, 4)
 
 
 class HalfConfidence:

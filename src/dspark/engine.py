@@ -162,9 +162,8 @@ class Engine:
                 raise ValueError(
                     f"drafter vocab size {self.drafter.vocab_size} ≠ target vocab size {target.vocab_size}"
                 )
-            layer_ids = getattr(self.drafter, "target_layer_ids", ())
-            if layer_ids:
-                target.set_capture_layers(layer_ids)
+            if self.drafter.target_layer_ids:
+                target.set_capture_layers(self.drafter.target_layer_ids)
         if draft_gate is True:
             from dspark.gating import DraftGate
 
@@ -185,7 +184,7 @@ class Engine:
     # -- requests -------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[dict] | Sequence[int] | torch.Tensor, chat: bool = True) -> torch.Tensor:
         """Token ids for a prompt (see :func:`encode_prompt`) with the target's tokenizer."""
-        return encode_prompt(getattr(self.target, "tokenizer", None), prompt, chat)
+        return encode_prompt(self.target.tokenizer, prompt, chat)
 
     def add_request(
         self,
@@ -214,7 +213,7 @@ class Engine:
                 f"is {self.target.max_context} (room is needed for at least one new token)"
             )
         stops = set(stop or ())
-        eos = getattr(getattr(self.target, "tokenizer", None), "eos_token_id", None)
+        eos = getattr(self.target.tokenizer, "eos_token_id", None)
         if eos is not None:
             stops.add(int(eos))
         out = self.target.prefill([rid], [ids], logits=False)  # only the cache and features are used
@@ -250,7 +249,7 @@ class Engine:
         hs = out.hidden_states
         if not hs:
             return None
-        ids = getattr(self.drafter, "target_layer_ids", ())
+        ids = self.drafter.target_layer_ids if self.drafter is not None else ()
         return torch.cat([hs[i][row, :n] for i in ids], dim=-1) if ids else None
 
     # -- one round ------------------------------------------------------------------------
@@ -290,7 +289,7 @@ class Engine:
         gamma, t_draft, t_target = res.gamma, res.draft_seconds, res.verify_seconds
         if drafted:
             self.timings["draft"] += t_draft
-            self.timings["sequential_head"] += getattr(self.drafter, "timings", {}).get("sequential_head", 0.0)
+            self.timings["sequential_head"] += self.drafter.timings.get("sequential_head", 0.0)
             for r in reqs:
                 r.features = []
         self.timings["target"] += t_target
@@ -351,7 +350,7 @@ class Engine:
 
     def pop_finished(self) -> list[Completion]:
         done = [r for r in self._requests.values() if r.finished is not None]
-        tok = getattr(self.target, "tokenizer", None)
+        tok = self.target.tokenizer
         for r in done:
             del self._requests[r.rid]
         return [

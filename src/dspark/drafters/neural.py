@@ -41,6 +41,7 @@ from dspark.drafters.loop import (
 )
 from dspark.drafters.vocab import DraftVocab, to_slots
 from dspark.protocols.drafter import DraftContext
+from dspark.protocols.sequential_head import TargetBoundHead
 from dspark.types import DraftBlock
 
 __all__ = ["BlockDrafter", "Eagle3FusedDrafter", "build_drafter"]
@@ -83,7 +84,7 @@ class _NeuralDrafter(nn.Module):
             self.vocab_map = DraftVocab(self.draft_ids, V)
             self._lm_head = self._lm_head_full[self.draft_ids]  # [V_d, d] (placeholder row masked by bias)
         head = getattr(self, "head", None)
-        if callable(getattr(head, "bind_target", None)):
+        if isinstance(head, TargetBoundHead):
             # A head that reuses the target's weights gets them in its own (draft-slot) order.
             embed = self._embed if self.vocab_map is None else self._embed[self.draft_ids]  # [V_d, d]
             head.bind_target(embed, self._lm_head)
@@ -100,6 +101,15 @@ class _NeuralDrafter(nn.Module):
     def to_draft(self, tokens: torch.Tensor) -> torch.Tensor:
         """Target ids → draft slots (identity without a reduced vocabulary)."""
         return to_slots(self.vocab_map, tokens)
+
+    @property
+    def is_bound(self) -> bool:
+        return self._embed is not None and self._lm_head is not None
+
+    def target_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bound target embedding [V, d] and full LM head [V, d] (what an export bakes in)."""
+        self._require_bound()
+        return self._embed, self._lm_head_full
 
     def _require_bound(self) -> None:
         if self._embed is None or self._lm_head is None:
@@ -197,11 +207,6 @@ class BlockDrafter(_NeuralDrafter):
 
                 self.head = create("sequential_heads", config.head, vocab_size=self.draft_size,
                                    hidden_size=s.hidden_size, rank=config.rank)
-                if config.confidence and not callable(getattr(self.head, "prev_embedding", None)):
-                    raise ValueError(
-                        f"sequential head {config.head!r} has no prev_embedding(prev_tokens) -> [..., rank], "
-                        "which the confidence head reads; build the drafter with confidence=False"
-                    )
             if config.confidence:
                 self.confidence_head = ConfidenceHead(s.hidden_size, config.rank)
 

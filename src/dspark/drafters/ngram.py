@@ -10,6 +10,7 @@ probability p_j(x̂_j) — lossless at any temperature. Confidence logits are a 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from attrs import field, frozen, validators
@@ -40,6 +41,8 @@ class NGramDrafter:
     """Prompt-lookup drafting (as in HF ``prompt_lookup_num_tokens``) behind the Drafter protocol."""
 
     name = "ngram"
+    target_layer_ids: ClassVar[tuple[int, ...]] = ()  # reads no target features
+    timings: ClassVar[dict[str, float]] = {}  # nothing worth timing apart
     vocab_size: int = field(validator=[validators.instance_of(int), validators.gt(0)])
     gamma: int = field(default=7, validator=[validators.instance_of(int), validators.gt(0), validators.le(MAX_GAMMA)])
     min_ngram: int = field(default=1, validator=validators.gt(0))

@@ -5,6 +5,14 @@ fp32, with named inputs/outputs and dynamic axes (see :mod:`dspark.drafters.grap
 checked with ``onnx.checker`` and hashed. Graphs whose weights would pass the 2 GB protobuf limit
 (or every graph, with ``external_data=True``) keep their weights in one ``<graph>.onnx.data`` file
 next to them, which ONNX Runtime and TensorRT's parser pick up by themselves.
+
+Reduced-precision variants (``precisions=("fp16",)`` → ``<graph>.fp16.onnx``, likewise bf16) are
+what a *strongly typed* TensorRT network is built from (TensorRT 11 has no other way to fp16):
+the graph module is traced with its weights and activations in fp16/bf16 behind fp32 I/O (Casts
+at the inputs and outputs, so the manifest's I/O tables and the runtime do not change), and
+RMSNorm's mean of squares stays fp32 through the explicit Casts ``dspark.drafters.layers.RMSNorm``
+traces (x.float() … .to(x.dtype)). Every Softmax is wrapped in Casts to fp32 too. Real target
+features reach |x| ≈ 2.5e4, whose square overflows fp16 (max 65504).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +44,11 @@ from dspark.export.manifest import (
     write_manifest,
 )
 
-__all__ = ["DEFAULT_OPSET", "export_onnx", "prepare_out_dir"]
+__all__ = ["DEFAULT_OPSET", "REDUCED_PRECISIONS", "export_onnx", "prepare_out_dir", "variant_file"]
 
 DEFAULT_OPSET = 17
+REDUCED_PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_ONNX_FLOAT, _ONNX_LOW = 1, {"fp16": 10, "bf16": 16}  # onnx.TensorProto.FLOAT / FLOAT16 / BFLOAT16
 _EXTERNAL_DATA_BYTES = 1536 << 20  # weights above this go to <graph>.onnx.data (protobuf limit: 2 GiB)
 
 Progress = Callable[[str], None]
@@ -73,8 +83,11 @@ def _remove_previous(out: Path) -> None:
         old = read_manifest(out)
     except ExportError:
         return
-    for section in ("graphs", "engines"):
-        for entry in (old.get(section) or {}).values():
+    entries = [*(old.get("graphs") or {}).values(), *(old.get("engines") or {}).values()]
+    for variant in (old.get("graph_variants") or {}).values():
+        entries += list(variant.values())
+    for entry in entries:
+        if isinstance(entry, dict):
             for rel in [entry.get("file"), *entry.get("external_data", {})]:
                 if rel and (out / rel).is_file() and Path(rel).name == rel:
                     (out / rel).unlink()
@@ -89,43 +102,133 @@ def _nbytes(module: torch.nn.Module) -> int:
     return total
 
 
-def _export_one(spec: GraphSpec, out: Path, opset: int, external_data: bool | None) -> dict[str, Any]:
+class _ReducedPrecisionGraph(torch.nn.Module):
+    """A graph module run in fp16/bf16 behind fp32 I/O: float inputs are cast down on entry, float
+    outputs back up on exit (both traced as Casts). Its RMSNorms compute in fp32 by themselves."""
+
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.graph = module.to(dtype)
+        self.dtype = dtype
+
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args = tuple(a.to(self.dtype) if a.is_floating_point() else a for a in args)
+        outs = self.graph(*args)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return tuple(o.float() if o.is_floating_point() else o for o in outs)
+
+
+def variant_file(graph: str, precision: str) -> str:
+    """``<graph>.onnx`` for fp32, ``<graph>.<precision>.onnx`` for a reduced-precision variant."""
+    return f"{graph}.onnx" if precision == "fp32" else f"{graph}.{precision}.onnx"
+
+
+def _softmax_in_fp32(model: Any, precision: str) -> int:
+    """Wrap every Softmax of a reduced-precision graph whose input is in that precision in Casts:
+    fp32 in, its precision out. (torch's exporter already computes a masked attention's softmax in
+    fp32 — its mask is fp32 — so this usually finds none; it is there for softmaxes that are not.)
+    Types come from ONNX shape inference on the graph without its weights' data."""
+    import onnx
+    from onnx import helper
+
+    low = _ONNX_LOW[precision]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - inference is best effort: without types, wrap nothing
+        return 0
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    nodes, wrapped = [], 0
+    for node in model.graph.node:
+        if node.op_type != "Softmax" or types.get(node.input[0]) != low:
+            nodes.append(node)
+            continue
+        x, y = node.input[0], node.output[0]
+        x32, y32 = f"{x}.fp32_for_{wrapped}", f"{y}.fp32"
+        nodes.append(helper.make_node("Cast", [x], [x32], to=_ONNX_FLOAT, name=f"{node.name}/CastToFloat"))
+        node.input[0], node.output[0] = x32, y32
+        nodes.append(node)
+        nodes.append(helper.make_node("Cast", [y32], [y], to=low, name=f"{node.name}/CastBack"))
+        wrapped += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return wrapped
+
+
+def _norm_scopes(module: torch.nn.Module, model: Any) -> list[str]:
+    """Node-name prefixes ("/layers.0/input_norm/") of the RMSNorm modules in an exported graph.
+
+    The TorchScript exporter names nodes after the module path ("/layers.0/input_norm/Pow"); the
+    TensorRT parser names layers after the nodes, so a weakly typed (TensorRT 10 --fp16/--bf16)
+    build can pin exactly these layers to fp32."""
+    from dspark.drafters.layers import RMSNorm
+
+    norms = {name for name, m in module.named_modules() if isinstance(m, RMSNorm) and name}
+    found = set()
+    for node in model.graph.node:
+        scope = node.name.rsplit("/", 1)[0]
+        if scope.strip("/").replace("/", ".") in norms:
+            found.add(scope + "/")
+    return sorted(found)
+
+
+def _export_one(spec: GraphSpec, out: Path, opset: int, external_data: bool | None,
+                precision: str = "fp32") -> dict[str, Any]:
     onnx = _require_onnx()
-    final = out / spec.file
-    external = external_data if external_data is not None else _nbytes(spec.module) > _EXTERNAL_DATA_BYTES
+    file = variant_file(spec.name, precision)
+    final = out / file
+    module = spec.module
+    if precision != "fp32":
+        module = _ReducedPrecisionGraph(copy.deepcopy(spec.module), REDUCED_PRECISIONS[precision])
+    external = external_data if external_data is not None else _nbytes(module) > _EXTERNAL_DATA_BYTES
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{spec.name}-") as tmp:
-        tmp_file = Path(tmp) / spec.file
+        tmp_file = Path(tmp) / file
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # TracerWarnings and the TorchScript-exporter deprecation
             torch.onnx.export(
-                spec.module.eval(), spec.example, str(tmp_file), dynamo=False, opset_version=opset,
+                module.eval(), spec.example, str(tmp_file), dynamo=False, opset_version=opset,
                 input_names=list(spec.inputs), output_names=list(spec.outputs),
                 dynamic_axes=spec.dynamic_axes, do_constant_folding=True,
             )
-        data_name = f"{spec.file}.data"
+        data_name = f"{file}.data"
         for stale in (final, out / data_name):
             if stale.exists():
                 stale.unlink()
-        if external or len(os.listdir(tmp)) > 1:  # the exporter may already have split out weights
-            model = onnx.load(str(tmp_file), load_external_data=True)
-            onnx.save_model(model, str(final), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
+        split = len(os.listdir(tmp)) > 1  # the exporter may already have split out weights
+        softmax_casts = 0
+        if external or split or precision != "fp32":
+            model = onnx.load(str(tmp_file), load_external_data=False)
+            if precision != "fp32":
+                softmax_casts = _softmax_in_fp32(model, precision)
+            onnx.external_data_helper.load_external_data_for_model(model, tmp)
+            if external or split:
+                onnx.save_model(model, str(final), save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=data_name, size_threshold=1024)
+            else:
+                onnx.save_model(model, str(final))
             del model
         else:
             shutil.move(str(tmp_file), final)
     try:
         onnx.checker.check_model(str(final))
     except onnx.checker.ValidationError as exc:
-        raise ExportError(f"the exported {spec.file} does not pass onnx.checker: {exc}") from None
+        raise ExportError(f"the exported {file} does not pass onnx.checker: {exc}") from None
     model = onnx.load(str(final), load_external_data=False)
     entry: dict[str, Any] = {
-        "file": spec.file,
+        "file": file,
         "purpose": spec.purpose,
         "sha256": sha256_file(final),
         "bytes": final.stat().st_size,
         **onnx_io(model),
         "bakes_target_weights": spec.bakes_target_weights,
     }
+    if precision == "fp32":
+        entry["norm_scopes"] = _norm_scopes(spec.module, model)
+    else:
+        entry["compute_dtype"] = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+        entry["fp32_parts"] = "RMSNorm (mean of squares, rsqrt), Softmax; fp32 inputs and outputs"
+        entry["softmax_casts_added"] = softmax_casts
     if (out / data_name).is_file():
         entry["external_data"] = {data_name: sha256_file(out / data_name)}
         entry["bytes"] += (out / data_name).stat().st_size
@@ -149,22 +252,29 @@ def export_onnx(
     checkpoint: str | Path | None = None,
     external_data: bool | None = None,
     progress: Progress | None = None,
+    precisions: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Export a bound neural drafter (DSpark, DFlash or Eagle3) to ``out_dir``; returns the manifest.
 
     ``target_spec`` (what ``load_target`` was given) and ``checkpoint`` are recorded in the
     manifest. ``external_data``: None = only when a graph's weights exceed 1.5 GiB.
+    ``precisions`` ("fp16", "bf16"): also write ``<graph>.<precision>.onnx`` — weights and
+    activations in that precision, RMSNorm and Softmax in fp32, fp32 I/O — listed in the
+    manifest's ``graph_variants``; strongly typed TensorRT builds (TensorRT 11) need them.
     """
     _require_onnx()
     if opset < 17:
         raise ExportError(f"opset {opset} is too old: the graphs need opset 17 or newer")
+    unknown = [p for p in precisions if p not in REDUCED_PRECISIONS]
+    if unknown:
+        raise ExportError(f"unknown graph precision {unknown[0]!r}: choose from {', '.join(REDUCED_PRECISIONS)}")
     config = getattr(drafter, "config", None)
     if config is None or not callable(getattr(drafter, "loop_spec", None)):
         raise ExportError(
             f"{type(drafter).__name__} is not a neural dspark drafter (a registered drafter kind: "
             f"{', '.join(kind_names())})"
         )
-    if getattr(drafter, "_embed", None) is None or getattr(drafter, "_lm_head", None) is None:
+    if not drafter.is_bound:
         raise ExportError("the drafter is not bound to a target: load it with from_pretrained(path, target)")
     out = prepare_out_dir(out_dir)
     _remove_previous(out)
@@ -179,8 +289,16 @@ def export_onnx(
         if progress:
             progress(f"exporting {spec.file}")
         graphs[spec.name] = _export_one(spec, out, opset, external_data)
+    variants: dict[str, dict[str, Any]] = {}
+    for precision in dict.fromkeys(precisions):
+        variants[precision] = {}
+        for spec in specs:
+            if progress:
+                progress(f"exporting {variant_file(spec.name, precision)}")
+            variants[precision][spec.name] = _export_one(spec, out, opset, external_data, precision)
     s = config.layer
-    tied = drafter._embed.data_ptr() == drafter._lm_head.data_ptr()
+    embed, lm_head = drafter.target_weights()
+    tied = embed.data_ptr() == lm_head.data_ptr()
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -211,16 +329,16 @@ def export_onnx(
                 "note": "the target's token embedding and LM head are initializers of the graphs "
                         "marked bakes_target_weights; these files only fit this target",
                 "tied": tied,
-                "embedding_sha256": sha256_tensor(drafter._embed),
-                "lm_head_sha256": sha256_tensor(getattr(drafter, "_lm_head_full", None)
-                                                if getattr(drafter, "_lm_head_full", None) is not None
-                                                else drafter._lm_head),
+                "embedding_sha256": sha256_tensor(embed),
+                "lm_head_sha256": sha256_tensor(lm_head),
             },
         },
         "checkpoint": _checkpoint_info(checkpoint),
         "versions": versions(),
         "graphs": graphs,
     }
+    if variants:
+        manifest["graph_variants"] = variants
     write_manifest(out, manifest)
     return manifest
 

@@ -10,7 +10,7 @@ from dspark.protocols.cost_model import CostModel
 from dspark.protocols.drafter import DraftContext, Drafter
 from dspark.protocols.drafter_kind import DrafterKind
 from dspark.protocols.scheduler import Scheduler
-from dspark.protocols.sequential_head import SequentialHead
+from dspark.protocols.sequential_head import SequentialHead, TargetBoundHead
 from dspark.protocols.target import TargetModel, TargetOutput
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "DrafterKind",
     "Scheduler",
     "SequentialHead",
+    "TargetBoundHead",
     "TargetModel",
     "TargetOutput",
 ]

@@ -50,12 +50,17 @@ class Drafter(Protocol):
     """Proposes up to ``gamma`` tokens per request, sampled at each request's SamplingParams.
 
     A drafter may keep per-request state (a draft KV cache); ``release`` frees it when a request
-    leaves. ``vocab_size`` must equal the target's.
+    leaves. ``vocab_size`` must equal the target's. ``target_layer_ids`` names the target layers
+    whose hidden states it reads from ``DraftContext.features["hidden"]`` (``()``: none, as the
+    n-gram drafter); ``timings`` holds the seconds per part of its last ``draft`` call (at least
+    ``{}``; ``"sequential_head"`` is reported by the engine).
     """
 
     name: str
     gamma: int
     vocab_size: int
+    target_layer_ids: tuple[int, ...]
+    timings: Mapping[str, float]
 
     def draft(self, context: DraftContext) -> DraftBlock: ...
 

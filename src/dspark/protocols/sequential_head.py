@@ -15,6 +15,9 @@ class SequentialHead(Protocol):
     U_j [R, V] and the head's recurrent state (``None`` at j = 1), and returns the corrected logits
     Ũ_j [R, V] and the next state. ``forward`` is the teacher-forced form used in training: all
     positions in one tensor op, prev_tokens [R, γ], hidden [R, γ, d], base_logits [R, γ, V].
+    ``prev_embedding(prev_tokens [...]) → [..., r]`` is the previous-token embedding the DSpark
+    confidence head reads. A head that reuses the target's weights also satisfies
+    :class:`TargetBoundHead`.
     """
 
     name: str
@@ -30,3 +33,13 @@ class SequentialHead(Protocol):
     def forward(
         self, prev_tokens: torch.Tensor, hidden: torch.Tensor, base_logits: torch.Tensor
     ) -> torch.Tensor: ...
+
+    def prev_embedding(self, prev_tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class TargetBoundHead(Protocol):
+    """A sequential head that borrows the target's embedding / LM head (in draft-slot order):
+    the drafter calls ``bind_target`` from its own ``bind_target``."""
+
+    def bind_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> Any: ...

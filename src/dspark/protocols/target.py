@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from attrs import field, frozen
@@ -33,6 +33,10 @@ class TargetModel(Protocol):
     forward is ``"packed"`` or ``"padded"``, for the cost model. ``prefill(..., logits=False)``
     may skip the LM head over the prompt (``logits`` [R, 0, V]); the engine asks for the cache and
     hidden states only.
+
+    ``set_capture_layers(ids)`` chooses the decoder layers whose hidden states every output
+    carries (the drafter's ``target_layer_ids``; ``()`` for none); ``cached_length(id)`` is the
+    number of tokens in a request's cache; ``tokenizer`` (or None) encodes prompts and names EOS.
     """
 
     vocab_size: int
@@ -40,6 +44,11 @@ class TargetModel(Protocol):
     num_layers: int
     max_context: int
     accounting: str
+    tokenizer: Any
+
+    def set_capture_layers(self, layer_ids: Sequence[int]) -> None: ...
+
+    def cached_length(self, request_id: str) -> int: ...
 
     def prefill(self, request_ids: Sequence[str], token_ids: Sequence[torch.Tensor], *,
                 logits: bool = True) -> TargetOutput: ...
