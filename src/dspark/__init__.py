@@ -7,6 +7,13 @@ plugin hooks in :mod:`dspark.hookspecs`)::
     scheduler = dspark.get_scheduler("sps-greedy")
     cost = dspark.get_cost_model("sps-table", profile="my_profile.json")
     schedule = scheduler.schedule(confidence, cost_model=cost)
+
+The commands are typed functions too, each taking an options object (or its fields as keywords)
+whose defaults are the command line's::
+
+    data = dspark.build_data(dspark.DataOptions(out="data/mine", per_domain=50))
+    run = dspark.train(dspark.TrainOptions(data="data/mine", out="runs/mine", steps=200))
+    report = dspark.evaluate(drafters=[str(run.checkpoint), "ngram"], out="out/eval")
 """
 
 from __future__ import annotations
@@ -65,6 +72,34 @@ def get_drafter_kind(name: str, /) -> DrafterKind:
     return _create("drafter_kinds", name)
 
 
+# The typed functions behind the commands (and their options / results), imported on first use:
+# they pull in training, plotting and benchmark code that `import dspark` does not need.
+_LAZY = {
+    "DataOptions": "dspark.data.build", "DataResult": "dspark.data.build", "build_data": "dspark.data.build",
+    "TrainOptions": "dspark.training.run", "TrainResult": "dspark.training.run", "train": "dspark.training.run",
+    "CalibrateOptions": "dspark.evaluation_runs", "CalibrateResult": "dspark.evaluation_runs",
+    "calibrate": "dspark.evaluation_runs", "EvalOptions": "dspark.evaluation_runs",
+    "EvalResult": "dspark.evaluation_runs", "evaluate": "dspark.evaluation_runs",
+    "BenchOptions": "dspark.bench.run", "BenchResult": "dspark.bench.run", "run_bench": "dspark.bench.run",
+    "DemoOptions": "dspark.demo", "DemoResult": "dspark.demo", "run_demo": "dspark.demo",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dspark' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "__version__",
     "hookimpl",
@@ -97,4 +132,5 @@ __all__ = [
     "Completion",
     "HFTarget",
     "load_target",
+    *_LAZY,
 ]

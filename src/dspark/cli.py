@@ -2,6 +2,11 @@
 
 Subcommands register themselves in ``COMMANDS``; errors users can fix (bad input, a plugin that
 fails to load, a missing optional package) print one line and exit 2, never a traceback.
+
+``data``, ``train``, ``calibrate``, ``eval``, ``bench`` and ``demo`` are typed library functions
+(:func:`dspark.build_data`, :func:`dspark.train`, :func:`dspark.calibrate`, :func:`dspark.evaluate`,
+:func:`dspark.run_bench`, :func:`dspark.run_demo`); their handlers here only map the parsed
+arguments onto the options object (``Options.from_namespace``), call the function and print.
 """
 
 from __future__ import annotations
@@ -88,9 +93,15 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
 
 @command("demo", _demo_args)
 def _demo(args: argparse.Namespace) -> int:
-    from dspark.demo import run_demo
+    from dspark.demo import DemoOptions, run_demo
 
-    return run_demo(args)
+    demo = run_demo(DemoOptions.from_namespace(args))
+    print(demo.markdown)
+    print(f"wrote {demo.out / 'demo.json'} and {demo.out / 'demo.md'}")
+    if not demo.all_identical:
+        print("ERROR: a speculative output differs from the target's greedy decode")
+        return 1
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,9 +255,11 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 @command("data", _data_args)
 def _data(args: argparse.Namespace) -> int:
-    from dspark.data.build import run_data
+    from dspark.data.build import DataOptions, build_data
 
-    return run_data(args)
+    data = build_data(DataOptions.from_namespace(args))
+    print(f"wrote {data.written} responses ({data.tokens} tokens) to {data.train_path}", file=sys.stderr)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,9 +311,17 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 @command("train", _train_args)
 def _train(args: argparse.Namespace) -> int:
-    from dspark.training.run import run_train
+    from dspark.training.run import TrainOptions, train
 
-    return run_train(args)
+    run = train(TrainOptions.from_namespace(args))
+    if run.rank == 0 and not run.finished:
+        print(f"stopped at step {run.step}/{run.steps}; state saved to {run.state_path} — "
+              "re-run the same command to resume", file=sys.stderr)
+        return 130
+    if run.checkpoint is not None:
+        final = run.log[-1]
+        print(f"saved {run.checkpoint} (final loss {final['loss']:.3f}, analytic τ {final['tau']:.2f})", file=sys.stderr)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,9 +359,12 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
 
 @command("calibrate", _calibrate_args)
 def _calibrate(args: argparse.Namespace) -> int:
-    from dspark.evaluation_cli import run_calibrate
+    from dspark.evaluation_runs import CalibrateOptions, calibrate, print_calibration
 
-    return run_calibrate(args)
+    cal = calibrate(CalibrateOptions.from_namespace(args))
+    print_calibration(cal.report)
+    print(f"wrote {cal.calibration_path}, calibration_report.md/json, reliability.png", file=sys.stderr)
+    return 0
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
@@ -358,9 +382,11 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 @command("eval", _eval_args)
 def _eval(args: argparse.Namespace) -> int:
-    from dspark.evaluation_cli import run_eval
+    from dspark.evaluation_runs import EvalOptions, evaluate
 
-    return run_eval(args)
+    ev = evaluate(EvalOptions.from_namespace(args))
+    print(f"wrote {ev.json_path}, eval.md, acceptance.png", file=sys.stderr)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,9 +503,16 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 
 @command("bench", _bench_args)
 def _bench(args: argparse.Namespace) -> int:
-    from dspark.bench.cli import run_bench
+    from dspark.bench.run import BenchOptions, replot_bench, run_bench
 
-    return run_bench(args)
+    if args.replot:
+        png = replot_bench(args.out)
+        print(f"redrew {png} and bench.md", file=sys.stderr)
+        return 0
+    bench = run_bench(BenchOptions.from_namespace(args))
+    print(bench.markdown)
+    print(f"wrote {bench.json_path}, bench.md, bench.png", file=sys.stderr)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------

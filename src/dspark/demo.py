@@ -15,26 +15,69 @@
    gate (which stops drafting where the measured rates say it does not pay), side by side, prompt by
    prompt, repeated; the speed-up is the median over repeats of the summed wall-clock times. The
    report states the machine (CPU, the ISA flags that matter, threads, dtype) next to the figure.
-Writes ``demo.json`` and ``demo.md`` to ``--out``.
+Writes ``demo.json`` and ``demo.md`` to ``--out``. The library function is :func:`run_demo` (a
+:class:`DemoOptions` in, a :class:`DemoResult` out).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
+import attrs
 import torch
+from attrs import field, frozen
 from tqdm import tqdm
 
 from dspark.autotune import choose_dtype
+from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.models import load_causal_lm
+from dspark.options import NamespaceOptions, at_least, one_of, path, resolve_options
 from dspark.sampling import probs_from_logits, sample
 from dspark.speculative import plain_generate
 from dspark.types import SamplingParams
 from dspark.verify import verify
+
+__all__ = ["DemoOptions", "DemoResult", "run_demo"]
+
+
+@frozen
+class DemoOptions(NamespaceOptions):
+    """What ``dspark demo`` runs (defaults: the command line's; docs/cli.md explains each)."""
+
+    drafter: str = field(default=DEFAULT_DRAFTER, converter=path)
+    max_new_tokens: int = field(default=96, validator=at_least(1))
+    per_domain: int = field(default=2, validator=at_least(1))
+    repeats: int = field(default=3, validator=at_least(1))
+    samples: int = field(default=4000, validator=at_least(1))
+    dtype: str = field(default="auto", validator=one_of("auto", "float32", "bfloat16"))
+    gate: bool = True
+    out: str = field(default="out/demo", converter=path)
+    model: str = field(default="smollm2-135m", converter=path)
+
+
+@frozen
+class DemoResult:
+    """What :func:`run_demo` wrote to ``out``: ``result`` is ``demo.json`` and ``markdown`` is
+    ``demo.md``."""
+
+    out: Path
+    result: dict[str, Any]
+    markdown: str
+
+    @property
+    def all_identical(self) -> bool:
+        """Every fp32 speculative decode equalled the target's own greedy decode."""
+        return bool(self.result["all_identical"])
+
+    @property
+    def speedup(self) -> float:
+        """Wall-clock speed-up over the best plain decode (concurrency 1)."""
+        return float(self.result["speed"]["speedup_vs_best_plain"])
+
 
 PROMPTS = {
     "math": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
@@ -121,51 +164,55 @@ def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> t
     return rows, engine.drafter.gamma
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoResult:
+    """The README main job (module docstring): greedy identity in fp32, the sampling check and
+    the speed-up at concurrency 1; writes ``demo.json`` and ``demo.md`` to ``options.out``.
+    ``overrides`` replace fields of ``options`` (or of the defaults)."""
     from dspark.calibration import load_calibrator
     from dspark.checkpoints import resolve_checkpoint
-    from dspark.evaluation_cli import eval_prompts
+    from dspark.evaluation_runs import eval_prompts
 
+    opts = resolve_options(DemoOptions, options, overrides)
     torch.manual_seed(0)
-    folder = resolve_checkpoint(args.drafter)
+    folder = resolve_checkpoint(opts.drafter)
     cal_path = folder / "calibration.json"
     calibrator = load_calibrator(cal_path) if cal_path.is_file() else None
     greedy = SamplingParams.greedy()
 
     # 1–2. correctness, fp32 ------------------------------------------------------------------
-    print(f"loading target {args.model} (fp32) and drafter {folder.name} ...", flush=True)
-    model, tok = load_causal_lm(args.model, torch.float32)
+    print(f"loading target {opts.model} (fp32) and drafter {folder.name} ...", flush=True)
+    model, tok = load_causal_lm(opts.model, torch.float32)
     eos = tok.eos_token_id
     encoded = {name: _encode(tok, text) for name, text in PROMPTS.items()}
-    identity, gamma = _identity(model, tok, folder, calibrator, encoded, args.max_new_tokens, eos)
+    identity, gamma = _identity(model, tok, folder, calibrator, encoded, opts.max_new_tokens, eos)
     all_identical = all(r["identical_to_target_greedy"] for r in identity)
-    check = _sampling_check(model, encoded["chat"], args.samples, seed=0)
+    check = _sampling_check(model, encoded["chat"], opts.samples, seed=0)
 
     # 3. speed, concurrency 1, dtype by measurement ---------------------------------------------
-    prompts = eval_prompts(None, args.per_domain)
+    prompts = eval_prompts(None, opts.per_domain)
     ids = [_encode(tok, p.text) for p in prompts]
-    context = round(statistics.mean(x.numel() for x in ids)) + args.max_new_tokens // 2
-    choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=args.dtype)
+    context = round(statistics.mean(x.numel() for x in ids)) + opts.max_new_tokens // 2
+    choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=opts.dtype)
     del model
     model = target.model
     print(choice.reason, flush=True)
-    cost = choice.cost_model(args.model)
+    cost = choice.cost_model(opts.model)
     print(f"{choice.dtype} verification step time by tokens verified: "
           + ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in choice.profile.items()), flush=True)
     plain_engine = _engine(model, tok, None, None, cost)
-    spec_engine = _engine(model, tok, folder, calibrator, cost, gate=args.gate)
+    spec_engine = _engine(model, tok, folder, calibrator, cost, gate=opts.gate)
     totals: dict[str, list[float]] = {"hf_generate": [], "engine_plain": [], "engine_dspark": []}
     per_prompt, taus, match = [], [], []
-    bar = tqdm(total=args.repeats * len(ids), desc=f"speed ({choice.dtype}, concurrency 1)", leave=False)
-    for rep in range(args.repeats):
+    bar = tqdm(total=opts.repeats * len(ids), desc=f"speed ({choice.dtype}, concurrency 1)", leave=False)
+    for rep in range(opts.repeats):
         sums = dict.fromkeys(totals, 0.0)
         for p, x in zip(prompts, ids):
-            ref, t_hf = _timed(lambda x=x: plain_generate(model, x, args.max_new_tokens, eos))
-            (cp,), t_plain = _timed(lambda x=x: plain_engine.generate([x], greedy, args.max_new_tokens, progress=False))
-            (cs,), t_spec = _timed(lambda x=x: spec_engine.generate([x], greedy, args.max_new_tokens, progress=False))
-            sums["hf_generate"] += t_hf * args.max_new_tokens / max(len(ref), 1)  # per token budget
-            sums["engine_plain"] += t_plain * args.max_new_tokens / max(len(cp.output_ids), 1)
-            sums["engine_dspark"] += t_spec * args.max_new_tokens / max(len(cs.output_ids), 1)
+            ref, t_hf = _timed(lambda x=x: plain_generate(model, x, opts.max_new_tokens, eos))
+            (cp,), t_plain = _timed(lambda x=x: plain_engine.generate([x], greedy, opts.max_new_tokens, progress=False))
+            (cs,), t_spec = _timed(lambda x=x: spec_engine.generate([x], greedy, opts.max_new_tokens, progress=False))
+            sums["hf_generate"] += t_hf * opts.max_new_tokens / max(len(ref), 1)  # per token budget
+            sums["engine_plain"] += t_plain * opts.max_new_tokens / max(len(cp.output_ids), 1)
+            sums["engine_dspark"] += t_spec * opts.max_new_tokens / max(len(cs.output_ids), 1)
             if rep == 0:
                 taus.append(cs.metrics["tau"])
                 n = min(len(cs.output_ids), len(cp.output_ids))
@@ -185,16 +232,16 @@ def run_demo(args: argparse.Namespace) -> int:
     med = {k: statistics.median(v) for k, v in totals.items()}
     baseline = min(med["hf_generate"], med["engine_plain"])
     speedup = baseline / med["engine_dspark"]
-    out = Path(args.out)
+    out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "model": args.model, "drafter": folder.name, "calibrated": calibrator is not None, "gamma": gamma,
-        "max_new_tokens": args.max_new_tokens, "machine": choice.machine.to_dict(),
+        "model": opts.model, "drafter": folder.name, "calibrated": calibrator is not None, "gamma": gamma,
+        "max_new_tokens": opts.max_new_tokens, "machine": choice.machine.to_dict(),
         "greedy_identity_fp32": identity, "all_identical": all_identical,
         "identity_verified_drafts": sum(r["verified_drafts"] for r in identity),
         "identity_accepted_drafts": sum(r["accepted_drafts"] for r in identity),
         "sampling_check": check, "dtype_choice": choice.to_dict(),
-        "speed": {"dtype": choice.dtype, "prompts": len(ids), "repeats": args.repeats,
+        "speed": {"dtype": choice.dtype, "prompts": len(ids), "repeats": opts.repeats,
                   "draft_gate": gate is not None, "seconds_per_repeat": totals,
                   "gate_rounds": {"rounds": spec_engine.rounds,
                                   "skipped": gate.skipped_rounds if gate else 0,
@@ -204,17 +251,12 @@ def run_demo(args: argparse.Namespace) -> int:
                   "prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
         # ISA caps in the environment (they emulate an older CPU) are part of the command
         "command": " ".join([*choice.machine.caps, "dspark demo"]) + " "
-        + " ".join(_flag(k, v) for k, v in vars(args).items() if k not in ("func", "command")),
+        + " ".join(_flag(k, v) for k, v in attrs.asdict(opts).items()),
     }
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
     md = _markdown(result)
     (out / "demo.md").write_text(md)
-    print(md)
-    print(f"wrote {out / 'demo.json'} and {out / 'demo.md'}")
-    if not all_identical:
-        print("ERROR: a speculative output differs from the target's greedy decode")
-        return 1
-    return 0
+    return DemoResult(out, result, md)
 
 
 def _flag(key: str, value) -> str:

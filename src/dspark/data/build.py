@@ -1,4 +1,8 @@
-"""``dspark data``: prompts → held-out split → target-written responses on disk (resumable)."""
+"""``dspark data``: prompts → held-out split → target-written responses on disk (resumable).
+
+The library function is :func:`build_data` (a :class:`DataOptions` in, a :class:`DataResult`
+out); the command line maps its arguments onto the options and prints the result.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +11,86 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_data"]
+from attrs import field, frozen
+
+from dspark.options import (
+    NamespaceOptions,
+    at_least,
+    one_of,
+    optional_path,
+    path,
+    resolve_options,
+    strings,
+    unit_interval,
+)
+
+__all__ = ["DataOptions", "DataResult", "build_data"]
 
 SOURCES = ("builtin", "natural", "both")
 
 
-def _check_sources(args: Any) -> tuple[str, str | None]:
-    """(--source, --followups-from) after the checks that need no model."""
-    source, followups_from = getattr(args, "source", "builtin"), getattr(args, "followups_from", None)
-    if source not in SOURCES:
-        raise ValueError(f"--source must be one of {', '.join(SOURCES)}, not {source!r}")
-    if args.no_builtin and source != "builtin":
-        raise ValueError(f"--no-builtin (only the --prompts files) contradicts --source {source}")
-    if followups_from and source == "builtin":
-        raise ValueError("--followups-from needs --source natural or both (follow-ups are natural prompts)")
-    if followups_from and not Path(followups_from).is_file():
-        raise FileNotFoundError(f"--followups-from {followups_from} does not exist "
-                                "(give a train.jsonl written by `dspark data`)")
-    return source, followups_from
+def _code_modules(value: str | Any) -> tuple[str, ...] | None:
+    """``"numpy, torch.nn.functional"`` (the command line's form) or a sequence of module names."""
+    if value is None or (isinstance(value, str) and not value):
+        return None
+    parts = value.split(",") if isinstance(value, str) else value
+    return tuple(m.strip() for m in parts if m.strip())
+
+
+@frozen
+class DataOptions(NamespaceOptions):
+    """What ``dspark data`` builds (defaults: the command line's; docs/cli.md explains each)."""
+
+    out: str = field(default="data/smollm2", converter=path)
+    per_domain: int = field(default=600, validator=at_least(0))
+    source: str = field(default="builtin")
+    followups_from: str | None = field(default=None, converter=optional_path)
+    prompts: tuple[str, ...] = field(default=(), converter=strings)
+    no_builtin: bool = False
+    code_modules: tuple[str, ...] | None = field(default=None, converter=_code_modules)
+    eval_fraction: float = field(default=0.1, validator=unit_interval(open_high=True))
+    model: str = field(default="smollm2-135m", converter=path)
+    dtype: str = field(default="bfloat16", validator=one_of("float32", "bfloat16"))
+    temperature: float = field(default=0.7, validator=at_least(0, integer=False))
+    top_p: float = field(default=0.95, validator=unit_interval(open_low=True))
+    max_new_tokens: int = field(default=128, validator=at_least(1))
+    concurrency: int = field(default=32, validator=at_least(1))
+    seed: int = 0
+    quiet: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"--source must be one of {', '.join(SOURCES)}, not {self.source!r}")
+        if self.no_builtin and self.source != "builtin":
+            raise ValueError(f"--no-builtin (only the --prompts files) contradicts --source {self.source}")
+        if self.followups_from and self.source == "builtin":
+            raise ValueError("--followups-from needs --source natural or both (follow-ups are natural prompts)")
+        if self.no_builtin and not self.prompts:
+            raise ValueError("no prompts: give --prompts FILE.jsonl or drop --no-builtin")
+
+
+@frozen
+class DataResult:
+    """What :func:`build_data` wrote: the folder, its files and the counts."""
+
+    out: Path
+    train_prompts: int  # training prompts in all (responses already written included)
+    already_done: int  # of them, answered by an earlier run
+    held_out: int  # prompts written to eval_prompts.jsonl
+    written: int  # responses written by this call
+    tokens: int  # response tokens written by this call
+
+    @property
+    def train_path(self) -> Path:
+        return self.out / "train.jsonl"
+
+    @property
+    def eval_prompts_path(self) -> Path:
+        return self.out / "eval_prompts.jsonl"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.out / "meta.json"
 
 
 def _merge(train: list, held: list, more_train: list, more_held: list) -> tuple[list, list]:
@@ -41,7 +107,11 @@ def _merge(train: list, held: list, more_train: list, more_held: list) -> tuple[
     return out, held
 
 
-def run_data(args: Any) -> int:
+def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataResult:
+    """Self-distillation data: prompts (built-in, natural and/or ``options.prompts`` files), a
+    held-out split written to ``eval_prompts.jsonl``, and the target's responses appended to
+    ``train.jsonl`` (a re-run resumes). ``overrides`` replace fields of ``options`` (or of the
+    defaults)."""
     import torch
 
     from dspark.data.prompts import DOMAINS, builtin_prompts, jsonl_prompts, split
@@ -50,29 +120,33 @@ def run_data(args: Any) -> int:
     from dspark.targets import load_target
     from dspark.types import SamplingParams
 
-    source, followups_from = _check_sources(args)
-    out = Path(args.out)
+    opts = resolve_options(DataOptions, options, overrides)
+    source, followups_from = opts.source, opts.followups_from
+    if followups_from and not Path(followups_from).is_file():
+        raise FileNotFoundError(f"--followups-from {followups_from} does not exist "
+                                "(give a train.jsonl written by `dspark data`)")
+    out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    modules = [m.strip() for m in args.code_modules.split(",") if m.strip()] if args.code_modules else None
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    use_builtin = source != "natural" and not args.no_builtin
-    prompts = builtin_prompts(args.per_domain, args.seed, code_modules=modules) if use_builtin else []
-    for f in args.prompts or ():
+    modules = list(opts.code_modules) if opts.code_modules is not None else None
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[opts.dtype]
+    use_builtin = source != "natural" and not opts.no_builtin
+    prompts = builtin_prompts(opts.per_domain, opts.seed, code_modules=modules) if use_builtin else []
+    for f in opts.prompts:
         prompts.extend(jsonl_prompts(f))
     if not prompts and source == "builtin":
         raise ValueError("no prompts: give --prompts FILE.jsonl or drop --no-builtin")
-    train, held = split(prompts, args.eval_fraction)  # builtin and files: by prompt hash
+    train, held = split(prompts, opts.eval_fraction)  # builtin and files: by prompt hash
     target = None
     if source != "builtin":  # natural: by source unit (see dspark.data.natural)
         from dspark.data.natural import load_followups, natural_split
 
         followups = []
         if followups_from:
-            target = load_target(args.model, dtype)  # its tokenizer decodes the recorded responses
+            target = load_target(opts.model, dtype)  # its tokenizer decodes the recorded responses
             tok = getattr(target, "tokenizer", None)
             decode = (lambda ids: tok.decode(ids, skip_special_tokens=True)) if tok is not None else None
-            followups = load_followups(followups_from, decode, seed=args.seed)
-        nat_train, nat_held = natural_split(args.per_domain, args.seed, args.eval_fraction, followups=followups)
+            followups = load_followups(followups_from, decode, seed=opts.seed)
+        nat_train, nat_held = natural_split(opts.per_domain, opts.seed, opts.eval_fraction, followups=followups)
         counts = {d: sum(p.domain == d for p in nat_train + nat_held) for d in DOMAINS}
         print(f"natural prompts per domain (train + held out): {counts}"
               + (f", {sum(p.messages is not None for p in nat_train + nat_held)} multi-turn" if followups else ""),
@@ -87,20 +161,20 @@ def run_data(args: Any) -> int:
     todo = sorted((p for p in train if p.key not in done), key=lambda p: p.key)
     print(f"{len(train)} training prompts ({len(done)} already done), {len(held)} held out "
           f"→ {out / 'eval_prompts.jsonl'}", file=sys.stderr)
-    sampling = (SamplingParams.greedy() if args.temperature == 0
-                else SamplingParams(temperature=args.temperature, top_p=args.top_p))
-    engine = Engine(target or load_target(args.model, dtype), None, seed=args.seed)
-    meta = {"model": args.model, "dtype": args.dtype, "temperature": args.temperature, "top_p": args.top_p,
-            "max_new_tokens": args.max_new_tokens, "eval_fraction": args.eval_fraction, "seed": args.seed,
-            "per_domain": args.per_domain, "prompt_files": list(args.prompts or ()),
+    sampling = (SamplingParams.greedy() if opts.temperature == 0
+                else SamplingParams(temperature=opts.temperature, top_p=opts.top_p))
+    engine = Engine(target or load_target(opts.model, dtype), None, seed=opts.seed)
+    meta = {"model": opts.model, "dtype": opts.dtype, "temperature": opts.temperature, "top_p": opts.top_p,
+            "max_new_tokens": opts.max_new_tokens, "eval_fraction": opts.eval_fraction, "seed": opts.seed,
+            "per_domain": opts.per_domain, "prompt_files": list(opts.prompts),
             "code_modules": modules or "stdlib", "source": source, "followups_from": followups_from}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     n_tok = 0
     with data.open("a", encoding="utf-8") as fh:
-        for rec in generate_records(engine, todo, sampling, max_new_tokens=args.max_new_tokens,
-                                    concurrency=args.concurrency, progress=not args.quiet):
+        for rec in generate_records(engine, todo, sampling, max_new_tokens=opts.max_new_tokens,
+                                    concurrency=opts.concurrency, progress=not opts.quiet):
             fh.write(json.dumps(rec.to_dict()) + "\n")
             fh.flush()  # an interrupted run keeps every finished response
             n_tok += len(rec.response_ids)
-    print(f"wrote {len(todo)} responses ({n_tok} tokens) to {data}", file=sys.stderr)
-    return 0
+    return DataResult(out, train_prompts=len(train), already_done=len(done), held_out=len(held),
+                      written=len(todo), tokens=n_tok)

@@ -4,6 +4,8 @@ Single process: ``dspark train --data data/smollm2 --kind dspark --out runs/dspa
 Data parallel: ``torchrun --nproc-per-node 2 -m dspark train ...`` (gloo on CPU, NCCL on GPUs);
 the result equals the single-process run with the same global batch (``--seqs-per-step``).
 Re-running the same command resumes from ``OUT/state.pt``.
+
+The library function is :func:`train` (a :class:`TrainOptions` in, a :class:`TrainResult` out).
 """
 
 from __future__ import annotations
@@ -16,8 +18,91 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from attrs import field, frozen
 
-__all__ = ["build_for_target", "run_train", "load_training_sequences"]
+from dspark.options import (
+    NamespaceOptions,
+    at_least,
+    one_of,
+    optional_ints,
+    optional_path,
+    path,
+    resolve_options,
+)
+
+__all__ = ["TrainOptions", "TrainResult", "build_for_target", "load_training_sequences", "train"]
+
+FLOAT_DTYPES = ("float32", "bfloat16")
+
+
+def _gamma(_inst: Any, a: Any, v: Any) -> None:
+    from dspark.drafters.config import MAX_GAMMA
+
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_GAMMA:
+        raise ValueError(f"{a.name} must be an integer in 1..{MAX_GAMMA}, got {v!r}")
+
+
+def _layer_ids(_inst: Any, a: Any, v: tuple[int, ...] | None) -> None:
+    if v is not None and (not v or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in v)):
+        raise ValueError(f"{a.name} must be non-negative target layer ids, got {v!r}")
+
+
+@frozen
+class TrainOptions(NamespaceOptions):
+    """What ``dspark train`` trains (defaults: the command line's; docs/cli.md explains each).
+    ``data`` (a ``dspark data`` folder) and ``out`` (the run folder) have no default."""
+
+    data: str = field(converter=path)
+    out: str = field(converter=path)
+    kind: str = "dspark"
+    head: str = field(default="gated-markov", validator=one_of("vanilla-markov", "gated-markov", "rnn"))
+    rank: int = field(default=256, validator=at_least(1))
+    num_layers: int = field(default=1, validator=at_least(1))
+    gamma: int = field(default=7, validator=_gamma)
+    draft_vocab: int = field(default=0, validator=at_least(0))
+    layer_ids: tuple[int, ...] | None = field(default=None, converter=optional_ints, validator=_layer_ids)
+    init: str = field(default="target", validator=one_of("target", "random"))
+    steps: int = field(default=1000, validator=at_least(1))
+    seqs_per_step: int = field(default=8, validator=at_least(1))
+    anchors: int = field(default=32, validator=at_least(1))
+    grad_accum: int = field(default=1, validator=at_least(1))
+    lr: float = field(default=6e-4, validator=at_least(0, integer=False, strict=True))
+    dtype: str = field(default="float32", validator=one_of(*FLOAT_DTYPES))
+    features: str = field(default="cache", validator=one_of("cache", "online"))
+    feature_cache: str | None = field(default=None, converter=optional_path)
+    teacher_dtype: str = field(default="float32", validator=one_of(*FLOAT_DTYPES))
+    teacher: str = field(default="full", validator=one_of("full", "topk"))
+    top_k: int = field(default=32, validator=at_least(1))
+    max_seq_len: int = field(default=512, validator=at_least(0))  # 0: no limit
+    checkpoint_every: int = field(default=50, validator=at_least(1))
+    save_dtype: str = field(default="int8", validator=one_of("float32", "float16", "bfloat16", "int8"))
+    model: str = field(default="smollm2-135m", converter=path)
+    seed: int = 0
+    quiet: bool = False
+
+
+@frozen
+class TrainResult:
+    """What :func:`train` did: the run folder, the step reached (of ``steps``), the loss log, the
+    saved checkpoint and the ``train.json`` summary (both ``None`` on ranks other than 0 and when
+    training stopped early, on SIGINT / SIGTERM)."""
+
+    out: Path
+    step: int
+    steps: int
+    checkpoint: Path | None
+    log: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    rank: int = 0
+
+    @property
+    def finished(self) -> bool:
+        """Every step trained (False: stopped early; the same call resumes from :attr:`state_path`)."""
+        return self.step >= self.steps
+
+    @property
+    def state_path(self) -> Path:
+        return self.out / "state.pt"
 
 
 def build_for_target(model: Any, kind: str, *, sequences: Any = None, init: str = "target",
@@ -73,48 +158,53 @@ def _dist() -> tuple[int, int]:
     return dist.get_rank(), world
 
 
-def run_train(args: Any) -> int:
+def train(options: TrainOptions | None = None, /, **overrides: Any) -> TrainResult:
+    """Build a drafter of ``options.kind`` for the target, train it on a ``dspark data`` folder
+    and save it to ``out/checkpoint`` (with ``train.json``, ``log.jsonl``, ``curve.png``); a re-run
+    resumes from ``out/state.pt``. Under ``torchrun`` every rank calls this (data parallel).
+    ``overrides`` replace fields of ``options`` (or give all of them: ``data=``, ``out=``, ...)."""
+    opts = resolve_options(TrainOptions, options, overrides)
     rank, world = _dist()
     if world == 1:
-        return _run_train(args, rank, world)
+        return _train(opts, rank, world)
     import torch.distributed as dist
 
     # The group is torn down explicitly: a process exiting with a live gloo group can abort
     # ("terminate called without an active exception") and fail the whole torchrun job. On success
     # every rank first waits for rank 0's checkpoint; after an error no collective is attempted.
     try:
-        rc = _run_train(args, rank, world)
+        result = _train(opts, rank, world)
         dist.barrier()
-        return rc
+        return result
     finally:
         dist.destroy_process_group()
 
 
-def _run_train(args: Any, rank: int, world: int) -> int:
+def _train(opts: TrainOptions, rank: int, world: int) -> TrainResult:
     from dspark.drafters.checkpoint import save_pretrained
     from dspark.drafters.kinds import drafter_kind
     from dspark.models import load_causal_lm
     from dspark.training.teacher import FeatureCache, build_feature_cache
     from dspark.training.trainer import TrainConfig, TrainData, Trainer
 
-    drafter_kind(args.kind)  # an unknown kind fails here, before the data and the model load
-    torch.manual_seed(args.seed)
-    seqs, pls = load_training_sequences(args.data, args.max_seq_len)  # bad data fails before the model loads
-    model, _ = load_causal_lm(args.model, torch.float32)
+    drafter_kind(opts.kind)  # an unknown kind fails here, before the data and the model load
+    torch.manual_seed(opts.seed)
+    seqs, pls = load_training_sequences(opts.data, opts.max_seq_len)  # bad data fails before the model loads
+    model, _ = load_causal_lm(opts.model, torch.float32)
     for p in model.parameters():
         p.requires_grad_(False)
-    config: dict[str, Any] = {"gamma": args.gamma, "num_layers": args.num_layers}
-    if drafter_kind(args.kind).config_defaults(model.config.num_hidden_layers, model.config.vocab_size).get("head"):
-        config.update(head=args.head, rank=args.rank, confidence=True)  # a kind with a sequential head
-    if args.draft_vocab:
-        config["draft_vocab_size"] = args.draft_vocab + 1  # + the placeholder slot
-    if args.layer_ids:
-        config["layer_ids"] = tuple(args.layer_ids)
-    drafter = build_for_target(model, args.kind, sequences=seqs, init=args.init,
-                               target_name=args.model, **config)
-    if args.features == "cache":
-        teacher = getattr(args, "teacher", "full")
-        cache_dir = Path(args.feature_cache or Path(args.data) / ("features-full" if teacher == "full" else "features"))
+    config: dict[str, Any] = {"gamma": opts.gamma, "num_layers": opts.num_layers}
+    if drafter_kind(opts.kind).config_defaults(model.config.num_hidden_layers, model.config.vocab_size).get("head"):
+        config.update(head=opts.head, rank=opts.rank, confidence=True)  # a kind with a sequential head
+    if opts.draft_vocab:
+        config["draft_vocab_size"] = opts.draft_vocab + 1  # + the placeholder slot
+    if opts.layer_ids:
+        config["layer_ids"] = tuple(opts.layer_ids)
+    drafter = build_for_target(model, opts.kind, sequences=seqs, init=opts.init,
+                               target_name=opts.model, **config)
+    if opts.features == "cache":
+        teacher = opts.teacher
+        cache_dir = Path(opts.feature_cache or Path(opts.data) / ("features-full" if teacher == "full" else "features"))
         cache = None
         if rank == 0:
             from dspark.drafters.config import default_layer_ids
@@ -126,10 +216,10 @@ def _run_train(args: Any, rank: int, world: int) -> int:
             layers = sorted(set(default_layer_ids(L, min(5, L - 1))) | set(drafter.target_layer_ids))
             # --teacher-dtype bfloat16: the teacher forward under bf16 autocast (2-3x faster on CPUs with
             # AVX-512-BF16; features then carry bf16 rounding, as a bf16 target's do at inference)
-            bf16 = getattr(args, "teacher_dtype", "float32") == "bfloat16"
+            bf16 = opts.teacher_dtype == "bfloat16"
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                cache = build_feature_cache(model, seqs, cache_dir, layers, top_k=args.top_k,
-                                            progress=not args.quiet, teacher=teacher)
+                cache = build_feature_cache(model, seqs, cache_dir, layers, top_k=opts.top_k,
+                                            progress=not opts.quiet, teacher=teacher)
         if world > 1:
             import torch.distributed as dist
 
@@ -139,26 +229,24 @@ def _run_train(args: Any, rank: int, world: int) -> int:
             raise ValueError(f"{cache_dir} holds a {cache.teacher!r}-teacher cache, not {teacher!r}")
         data = TrainData(seqs, pls, cache=cache)
     else:
-        data = TrainData(seqs, pls, model=model, teacher=getattr(args, "teacher", "full"), top_k=args.top_k)
+        data = TrainData(seqs, pls, model=model, teacher=opts.teacher, top_k=opts.top_k)
     tc = TrainConfig.for_kind(
-        args.kind, steps=args.steps, seqs_per_step=args.seqs_per_step, anchors_per_seq=args.anchors,
-        grad_accum=args.grad_accum, lr=args.lr, dtype=args.dtype, seed=args.seed,
-        checkpoint_every=args.checkpoint_every)
-    out = Path(args.out)
-    trainer = Trainer(drafter, data, tc, out, rank=rank, world=world, progress=not args.quiet)
+        opts.kind, steps=opts.steps, seqs_per_step=opts.seqs_per_step, anchors_per_seq=opts.anchors,
+        grad_accum=opts.grad_accum, lr=opts.lr, dtype=opts.dtype, seed=opts.seed,
+        checkpoint_every=opts.checkpoint_every)
+    out = Path(opts.out)
+    trainer = Trainer(drafter, data, tc, out, rank=rank, world=world, progress=not opts.quiet)
     if trainer.resume() and rank == 0:
         print(f"resuming {out} at step {trainer.step}/{tc.steps}", file=sys.stderr)
     t0 = time.perf_counter()
     log = trainer.fit()
+    ckpt, summary = None, None
     if rank == 0:
         (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-        if trainer.step < tc.steps:
-            print(f"stopped at step {trainer.step}/{tc.steps}; state saved to {trainer.state_path} — "
-                  "re-run the same command to resume", file=sys.stderr)
-            return 130
-        ckpt = save_pretrained(drafter, out / "checkpoint", dtype=_save_dtype(args.save_dtype),
-                               quantize=args.save_dtype == "int8")
-        summary = {"kind": args.kind, "head": config.get("head"), "steps": tc.steps, "train": tc.to_dict(),
+    if rank == 0 and trainer.step >= tc.steps:
+        ckpt = save_pretrained(drafter, out / "checkpoint", dtype=_save_dtype(opts.save_dtype),
+                               quantize=opts.save_dtype == "int8")
+        summary = {"kind": opts.kind, "head": config.get("head"), "steps": tc.steps, "train": tc.to_dict(),
                    "teacher": data.teacher, "teacher_top_k": data.top_k,
                    "drafter": drafter.config.to_dict(), "sequences": len(seqs),
                    "tokens": sum(len(s) for s in seqs), "seconds_this_run": time.perf_counter() - t0,
@@ -167,8 +255,7 @@ def _run_train(args: Any, rank: int, world: int) -> int:
                    "command": " ".join(sys.argv)}
         (out / "train.json").write_text(json.dumps(summary, indent=2) + "\n")
         _plot_curve(log, out / "curve.png")
-        print(f"saved {ckpt} (final loss {log[-1]['loss']:.3f}, analytic τ {log[-1]['tau']:.2f})", file=sys.stderr)
-    return 0
+    return TrainResult(out, trainer.step, tc.steps, ckpt, log, summary, rank)
 
 
 def _save_dtype(name: str) -> torch.dtype | None:

@@ -1,0 +1,375 @@
+"""Calibrating and evaluating drafters on held-out prompts, with reports on disk: the library
+functions behind ``dspark calibrate`` (:func:`calibrate`, a :class:`CalibrateOptions` in) and
+``dspark eval`` (:func:`evaluate`, an :class:`EvalOptions` in), built on :mod:`dspark.evaluation`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from attrs import field, frozen
+
+from dspark.options import (
+    NamespaceOptions,
+    at_least,
+    floats,
+    one_of,
+    optional_path,
+    path,
+    resolve_options,
+    strings,
+)
+
+__all__ = [
+    "CalibrateOptions", "CalibrateResult", "EvalOptions", "EvalResult", "calibrate", "eval_markdown", "eval_prompts",
+    "evaluate", "load_drafter_spec", "plot_acceptance", "print_calibration",
+]
+
+THRESHOLDS = [round(0.05 * i, 2) for i in range(1, 20)]
+
+
+def eval_prompts(path: str | None, per_domain: int, skip: int = 0) -> list[Any]:
+    """Held-out prompts (a ``dspark data`` eval_prompts.jsonl; default: the shipped ones), at most
+    ``per_domain`` per domain in a stable order (by prompt hash), after the first ``skip`` of each
+    domain — calibration skips the prompts evaluation uses, so the two never share a prompt."""
+    from dspark.data.prompts import jsonl_prompts
+
+    if path is None:
+        from dspark.checkpoints import eval_prompts_path
+
+        path = str(eval_prompts_path())
+    prompts = list(jsonl_prompts(path))
+    out, seen = [], {}
+    for p in sorted(prompts, key=lambda p: p.key):
+        k = seen.get(p.domain, 0)
+        seen[p.domain] = k + 1
+        if skip <= k < skip + per_domain:
+            out.append(p)
+    if not out:
+        raise ValueError(f"{path} holds no prompts")
+    return out
+
+
+def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
+    """``LABEL=CHECKPOINT``, a checkpoint folder, a shipped drafter name, or ``ngram`` →
+    (label, drafter, calibrator or None). A ``calibration.json`` next to the weights is loaded."""
+    import dspark
+    from dspark.calibration import load_calibrator
+
+    label, _, path = spec.partition("=")
+    if not path:
+        p = Path(spec)
+        label, path = (p.parent.name if p.name == "checkpoint" else p.name) or spec, spec
+    if path == "ngram":
+        return label, dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=7), None
+    from dspark.checkpoints import resolve_checkpoint
+
+    folder = resolve_checkpoint(path)
+    from dspark.drafters.checkpoint import from_pretrained
+
+    drafter = from_pretrained(folder, target)
+    cal = folder / "calibration.json"
+    return label, drafter, load_calibrator(cal) if cal.is_file() else None
+
+
+def _spec_path(spec: str) -> str:
+    """The checkpoint of a ``LABEL=CHECKPOINT`` spec (or the spec itself)."""
+    return spec.partition("=")[2] or spec
+
+
+def _check_drafter_spec(spec: str) -> None:
+    """What :func:`load_drafter_spec` would refuse without a target: a checkpoint that is not there."""
+    from dspark.checkpoints import resolve_checkpoint
+
+    if _spec_path(spec) != "ngram":
+        resolve_checkpoint(_spec_path(spec))
+
+
+def _sampling(temperature: float) -> Any:
+    from dspark.types import SamplingParams
+
+    return SamplingParams.greedy() if temperature == 0 else SamplingParams.random(temperature)
+
+
+def _target(model: str, dtype: str) -> Any:
+    import torch
+
+    from dspark.targets import load_target
+
+    return load_target(model, {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+
+
+def _drafters(_inst: Any, a: Any, v: tuple[str, ...]) -> None:
+    if not v or not all(isinstance(x, str) and x.strip() for x in v):
+        raise ValueError(f"{a.name} must name at least one drafter (LABEL=CHECKPOINT, a folder, a shipped "
+                         f"name or ngram), got {v!r}")
+
+
+def _temperatures(_inst: Any, a: Any, v: tuple[float, ...]) -> None:
+    if not v or any(t < 0 for t in v):
+        raise ValueError(f"{a.name} must be one or more numbers ≥ 0, got {v!r}")
+
+
+@frozen
+class CalibrateOptions(NamespaceOptions):
+    """What ``dspark calibrate`` fits (defaults: the command line's; docs/cli.md explains each).
+    ``checkpoint`` (a checkpoint folder or a shipped drafter's name) has no default."""
+
+    checkpoint: str = field(converter=path)
+    out: str | None = field(default=None, converter=optional_path)
+    temperature: float = field(default=0.0, validator=at_least(0, integer=False))
+    objective: str = field(default="ece", validator=one_of("ece", "brier"))
+    skip: int = field(default=12, validator=at_least(0))
+    prompts: str | None = field(default=None, converter=optional_path)
+    per_domain: int = field(default=40, validator=at_least(1))
+    max_new_tokens: int = field(default=96, validator=at_least(1))
+    concurrency: int = field(default=16, validator=at_least(1))
+    model: str = field(default="smollm2-135m", converter=path)
+    dtype: str = field(default="float32", validator=one_of("float32", "bfloat16"))
+    seed: int = 0
+    quiet: bool = False
+
+
+@frozen
+class CalibrateResult:
+    """What :func:`calibrate` wrote to ``out``: the fitted STS calibrator (``calibration.json``)
+    and the report on the held-out half (``calibration_report.json``)."""
+
+    out: Path
+    calibrator: Any
+    report: dict[str, Any]
+
+    @property
+    def calibration_path(self) -> Path:
+        return self.out / "calibration.json"
+
+
+@frozen
+class EvalOptions(NamespaceOptions):
+    """What ``dspark eval`` measures (defaults: the command line's; docs/cli.md explains each).
+    ``drafters`` (``--drafter``, repeatable) has no default; ``temperatures`` is ``--temperature``."""
+
+    _CLI_NAMES = {"drafters": "drafter", "temperatures": "temperature"}
+
+    drafters: tuple[str, ...] = field(converter=strings, validator=_drafters)
+    temperatures: tuple[float, ...] = field(default=(0.0,), converter=floats, validator=_temperatures)
+    out: str = field(default="out/eval", converter=path)
+    fresh: bool = False
+    prompts: str | None = field(default=None, converter=optional_path)
+    per_domain: int = field(default=12, validator=at_least(1))
+    max_new_tokens: int = field(default=96, validator=at_least(1))
+    concurrency: int = field(default=8, validator=at_least(1))
+    model: str = field(default="smollm2-135m", converter=path)
+    dtype: str = field(default="float32", validator=one_of("float32", "bfloat16"))
+    seed: int = 0
+    quiet: bool = False
+
+
+@frozen
+class EvalResult:
+    """What :func:`evaluate` wrote to ``out``: ``results`` is ``eval.json`` (per run
+    ``"LABEL@T=temperature"``: τ, acceptance, survival, confidence metrics per domain and overall)."""
+
+    out: Path
+    results: dict[str, Any]
+
+    @property
+    def json_path(self) -> Path:
+        return self.out / "eval.json"
+
+    @property
+    def markdown_path(self) -> Path:
+        return self.out / "eval.md"
+
+    @property
+    def tau(self) -> dict[str, float]:
+        """Overall τ (mean committed tokens per round) per run."""
+        return {k: r["overall"]["tau"] for k, r in self.results["runs"].items()}
+
+
+def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> CalibrateResult:
+    """Run a drafter against the target on held-out prompts (every position verified), fit STS on
+    half of them and report on the other half; writes ``calibration.json``, the report
+    (Markdown, JSON), the rounds and ``reliability.png`` to ``options.out`` (default: the
+    checkpoint folder). ``overrides`` replace fields of ``options`` (or give all: ``checkpoint=``)."""
+    import torch
+
+    from dspark.checkpoints import resolve_checkpoint
+    from dspark.evaluation import collect_rounds, evaluate_rounds, fit_sts_from_rounds, save_json
+    from dspark.metrics import survival_labels, verified_mask
+    from dspark.plotting import reliability_diagram
+
+    opts = resolve_options(CalibrateOptions, options, overrides)
+    _check_drafter_spec(opts.checkpoint)  # a missing checkpoint or prompt file fails before the model loads
+    prompts = eval_prompts(opts.prompts, opts.per_domain, skip=opts.skip)
+    target = _target(opts.model, opts.dtype)
+    label, drafter, _ = load_drafter_spec(opts.checkpoint, target)
+    # fit on half of the held-out prompts, report on the other half (split by prompt hash)
+    fit_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 0]
+    test_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 1]
+    sampling = _sampling(opts.temperature)
+    kw = dict(max_new_tokens=opts.max_new_tokens, concurrency=opts.concurrency, progress=not opts.quiet)
+    fit_r = collect_rounds(target, drafter, fit_p, sampling, **kw)
+    test_r = collect_rounds(target, drafter, test_p, sampling, **kw)
+    cal = fit_sts_from_rounds(fit_r, objective=opts.objective)
+    out = Path(opts.out) if opts.out else resolve_checkpoint(_spec_path(opts.checkpoint))
+    out.mkdir(parents=True, exist_ok=True)
+    cal.save(out / "calibration.json")
+    save_json({"fit": fit_r.to_dict(), "test": test_r.to_dict()}, out / "calibration_rounds.json")  # refits need no rerun
+    report = evaluate_rounds(test_r, cal)
+    report.update({"drafter": label, "fit_rounds": len(fit_r.domain), "test_rounds": len(test_r.domain),
+                   "temperatures": list(cal.to_dict()["temperatures"]),
+                   "command": " ".join(["dspark", *sys.argv[1:]])})
+    save_json(report, out / "calibration_report.json")
+    ov = report["overall"]
+    md = [f"# Calibration of {label}", "", f"Fitted STS on {len(fit_r.domain)} rounds ({len(fit_p)} prompts); "
+          f"scored on {len(test_r.domain)} held-out rounds ({len(test_p)} prompts).", "",
+          "Temperatures: " + ", ".join(f"{t:.3f}" for t in report["temperatures"]), "",
+          _report_table(ov["raw"], "before (raw)"), _report_table(ov["calibrated"], "after (STS)"),
+          f"Command: `{report['command']}`", ""]
+    (out / "calibration_report.md").write_text("\n".join(md))
+    z = test_r.confidence_logits.float()
+    gamma = z.shape[1]
+    y, _ = survival_labels(test_r.accepted, gamma, test_r.verified)
+    mask = verified_mask(test_r.accepted, gamma, test_r.verified)
+    reliability_diagram({"raw": (torch.cumprod(torch.sigmoid(z), 1), y, mask),
+                         "sts": (torch.cumprod(cal.calibrate(z).float(), 1), y, mask)},
+                        out / "reliability.png", title=f"{label}: prefix survival, held-out rounds")
+    return CalibrateResult(out, cal, report)
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{100 * v:.2f} %" if pct else f"{v:.3f}"
+
+
+def _report_table(rep: dict[str, Any], title: str) -> str:
+    lines = [f"**{title}**", "", "| j | n | ECE | AUROC | Brier | mean a_j | observed survival | cumprod bias |",
+             "|---|---|---|---|---|---|---|---|"]
+    for j in range(rep["gamma"]):
+        lines.append(f"| {j + 1} | {rep['count'][j]} | {_fmt(rep['ece'][j], True)} | {_fmt(rep['auroc'][j])} | "
+                     f"{_fmt(rep['brier'][j])} | {_fmt(rep['mean_predicted'][j])} | {_fmt(rep['observed'][j])} | "
+                     f"{_fmt(rep['cumprod_bias'][j])} |")
+    return "\n".join(lines) + "\n"
+
+
+def print_calibration(report: dict[str, Any]) -> None:
+    """ECE and AUROC per position, raw and calibrated (a :class:`CalibrateResult`'s report)."""
+    ov = report["overall"]
+    for name in ("raw", "calibrated"):
+        r = ov.get(name)
+        if r:
+            print(f"{name:>10}: ECE per position " + " ".join(_fmt(e, True) for e in r["ece"])
+                  + " | AUROC " + " ".join(_fmt(a) for a in r["auroc"]))
+
+
+def evaluate(options: EvalOptions | None = None, /, **overrides: Any) -> EvalResult:
+    """Evaluate drafters per domain at each temperature on held-out prompts (every draft position
+    verified): τ, proposal length, conditional acceptance and prefix survival per position,
+    threshold sweep, confidence metrics; writes ``eval.json``, ``eval.md``, ``acceptance.png`` and
+    the rounds (reused by a re-run unless ``fresh``) to ``options.out``. ``overrides`` replace
+    fields of ``options`` (or give all of them: ``drafters=[...]``, ...)."""
+    from dspark.evaluation import Rounds, collect_rounds, evaluate_rounds, save_json
+
+    opts = resolve_options(EvalOptions, options, overrides)
+    for spec in opts.drafters:  # a missing checkpoint or prompt file fails before the model loads
+        _check_drafter_spec(spec)
+    prompts = eval_prompts(opts.prompts, opts.per_domain)
+    target = _target(opts.model, opts.dtype)
+    out = Path(opts.out)
+    results: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": opts.max_new_tokens,
+                               "model": opts.model, "dtype": opts.dtype,
+                               "command": " ".join(["dspark", *sys.argv[1:]]), "runs": {}}
+    drafters = [load_drafter_spec(spec, target) for spec in opts.drafters]  # once, for every temperature
+    out.mkdir(parents=True, exist_ok=True)  # only once the drafters loaded: a failure leaves no empty folder
+    for temp in opts.temperatures:
+        for label, drafter, cal in drafters:
+            cache = out / "rounds" / f"{label}-T{temp}.json"
+            if cache.is_file() and not opts.fresh:  # resumable: finished runs are not redone
+                import json
+
+                rounds = Rounds.from_dict(json.loads(cache.read_text()))
+            else:
+                rounds = collect_rounds(target, drafter, prompts, _sampling(temp), max_new_tokens=opts.max_new_tokens,
+                                        concurrency=opts.concurrency, progress=not opts.quiet, seed=opts.seed)
+                save_json(rounds.to_dict(), cache)
+            res = evaluate_rounds(rounds, cal, THRESHOLDS)
+            res["calibrated_with"] = "sts (calibration.json)" if cal is not None else None
+            results["runs"][f"{label}@T={temp}"] = {"drafter": label, "temperature": temp, **res}
+            print(f"{label:>16} T={temp}: τ {res['overall']['tau']:.3f} "
+                  + " ".join(f"{d}={v['tau']:.2f}" for d, v in res["domains"].items()), file=sys.stderr)
+    save_json(results, out / "eval.json")
+    (out / "eval.md").write_text(eval_markdown(results))
+    plot_acceptance(results, out / "acceptance.png")
+    return EvalResult(out, results)
+
+
+def eval_markdown(results: dict[str, Any]) -> str:
+    runs = results["runs"]
+    domains = sorted({d for r in runs.values() for d in r["domains"]})
+    lines = ["# Drafter evaluation", "", f"{results['prompts']} held-out prompts, up to "
+             f"{results['max_new_tokens']} new tokens each, target {results['model']} ({results['dtype']}); "
+             "every valid draft position verified (`full`).", "",
+             "## τ (mean committed tokens per round)", "",
+             "| drafter | T | " + " | ".join(domains) + " | overall | mean proposal | rounds |",
+             "|---|---|" + "---|" * (len(domains) + 3)]
+    for r in runs.values():
+        lines.append(f"| {r['drafter']} | {r['temperature']} | "
+                     + " | ".join(_fmt(r["domains"][d]["tau"]) if d in r["domains"] else "–" for d in domains)
+                     + f" | **{_fmt(r['overall']['tau'])}** | {_fmt(r['overall']['mean_proposed'])} | {r['overall']['rounds']} |")
+    lines += ["", "## Conditional acceptance per position (P(j accepted | < j accepted))", ""]
+    gamma = max(len(r["overall"]["raw"]["conditional_acceptance"]) for r in runs.values())
+    lines += ["| drafter | T | " + " | ".join(f"j={j}" for j in range(1, gamma + 1)) + " |", "|---|---|" + "---|" * gamma]
+    for r in runs.values():
+        ca = r["overall"]["raw"]["conditional_acceptance"]
+        lines.append(f"| {r['drafter']} | {r['temperature']} | " + " | ".join(_fmt(v) for v in ca) + " |")
+    lines += ["", "## Prefix survival per position (P(accepted ≥ j), the reference's accept_rate@(j−1))", ""]
+    lines += ["| drafter | T | " + " | ".join(f"j={j}" for j in range(1, gamma + 1)) + " |", "|---|---|" + "---|" * gamma]
+    for r in runs.values():
+        ps = r["overall"]["raw"]["prefix_survival"]
+        lines.append(f"| {r['drafter']} | {r['temperature']} | " + " | ".join(_fmt(v) for v in ps) + " |")
+    lines += ["", "## Confidence quality (overall; calibrated where a calibration.json exists)", "",
+              "| drafter | T | ECE per position | AUROC per position |", "|---|---|---|---|"]
+    for r in runs.values():
+        rep = r["overall"].get("calibrated") or r["overall"]["raw"]
+        lines.append(f"| {r['drafter']} | {r['temperature']} | " + " ".join(_fmt(e, True) for e in rep["ece"])
+                     + " | " + " ".join(_fmt(a) for a in rep["auroc"]) + " |")
+    lines += ["", "## Threshold sweep (survival threshold θ on calibrated a_j)", ""]
+    for r in runs.values():
+        sw = r["overall"].get("threshold_sweep") or []
+        lines += [f"**{r['drafter']} T={r['temperature']}**", "",
+                  "| θ | verified | accepted | rejected verified | mean ℓ | τ |", "|---|---|---|---|---|---|"]
+        for s in sw[::2]:
+            lines.append(f"| {s['threshold']:.2f} | {s['verified']} | {s['accepted']} | {s['rejected_verified']} | "
+                         f"{s['mean_verified']:.2f} | {s['tau']:.3f} |")
+        lines.append("")
+    lines += [f"Command: `{results['command']}`", ""]
+    return "\n".join(lines)
+
+
+def plot_acceptance(results: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    temps = sorted({r["temperature"] for r in results["runs"].values()})
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 3.6), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        for r in results["runs"].values():
+            if r["temperature"] != t:
+                continue
+            ca = [math.nan if v is None else v for v in r["overall"]["raw"]["conditional_acceptance"]]
+            ax.plot(range(1, len(ca) + 1), ca, marker="o", ms=3, label=f"{r['drafter']} (τ {r['overall']['tau']:.2f})")
+        ax.set(xlabel="draft position j", ylabel="P(j accepted | < j accepted)", ylim=(0, 1),
+               title=f"conditional acceptance, T = {t}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
