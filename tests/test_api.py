@@ -1,0 +1,184 @@
+"""The typed library functions behind the commands (``dspark.build_data``, ``train``,
+``calibrate``, ``evaluate``, ``run_bench``, ``run_demo``) on a tiny target: each called directly,
+the options' defaults equal to the command line's, bad options refused in one sentence, and
+what depends on the world (files, registered names) checked before any model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import dspark
+from dspark.bench.run import BenchOptions
+from dspark.cli import build_parser
+from dspark.data.build import DataOptions
+from dspark.demo import DemoOptions
+from dspark.evaluation_runs import CalibrateOptions, EvalOptions
+from dspark.training.run import TrainOptions
+from helpers import save_tiny_target, tiny_causal_lm
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DOMAINS = ("math", "code", "chat")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny target folder (word-level tokenizer with a chat template), a prompts file, the
+    data built from it and a drafter trained on that data — through the typed functions."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("api")
+    target = save_tiny_target(root / "target", tiny_causal_lm(vocab_size=32, max_positions=512))
+    tok = AutoTokenizer.from_pretrained(target)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(target)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(
+        json.dumps({"prompt": " ".join(f"t{(7 * i + 3 * j) % 31 + 1}" for j in range(6)), "domain": DOMAINS[i % 3]})
+        + "\n" for i in range(24)))
+    data = dspark.build_data(dspark.DataOptions(
+        out=root / "data", prompts=[prompts], no_builtin=True, model=target, dtype="float32", temperature=0,
+        max_new_tokens=8, concurrency=4, eval_fraction=0.3, quiet=True))
+    run = dspark.train(dspark.TrainOptions(
+        data=data.out, out=root / "run", model=target, rank=8, gamma=4, steps=3, seqs_per_step=4, anchors=2,
+        features="online", top_k=8, save_dtype="float32", quiet=True))
+    return root, target, data, run
+
+
+def test_build_data_and_train(tiny):
+    root, target, data, run = tiny
+    assert isinstance(data, dspark.DataResult) and data.out == root / "data"
+    assert data.train_prompts + data.held_out == 24 and data.held_out > 0
+    assert data.written == data.train_prompts and data.already_done == 0 and data.tokens == 8 * data.written
+    assert len(data.train_path.read_text().splitlines()) == data.written
+    assert json.loads(data.meta_path.read_text())["prompt_files"] == [str(root / "prompts.jsonl")]
+    again = dspark.build_data(DataOptions.from_namespace(build_parser().parse_args(
+        ["data", "--out", str(data.out), "--prompts", str(root / "prompts.jsonl"), "--no-builtin", "--model",
+         str(target), "--dtype", "float32", "--temperature", "0", "--max-new-tokens", "8", "--eval-fraction", "0.3",
+         "--quiet"])))
+    assert (again.already_done, again.written, again.tokens) == (data.train_prompts, 0, 0)  # resumed
+
+    assert isinstance(run, dspark.TrainResult) and run.finished and (run.step, run.steps) == (3, 3)
+    assert run.checkpoint == root / "run" / "checkpoint" and (run.checkpoint / "config.json").is_file()
+    assert run.summary["steps"] == 3 and run.summary["drafter"]["gamma"] == 4 and len(run.log) == 3
+    assert json.loads((root / "run" / "train.json").read_text())["sequences"] == run.summary["sequences"]
+
+
+def test_evaluate_and_calibrate(tiny):
+    root, target, data, run = tiny
+    ev = dspark.evaluate(drafters=[f"tiny={run.checkpoint}", "ngram"], temperatures=[0], prompts=data.eval_prompts_path,
+                         model=target, per_domain=2, max_new_tokens=8, concurrency=2, out=root / "eval", quiet=True)
+    assert isinstance(ev, dspark.EvalResult) and set(ev.tau) == {"tiny@T=0.0", "ngram@T=0.0"}
+    assert all(t >= 1.0 for t in ev.tau.values())
+    assert json.loads(ev.json_path.read_text())["runs"].keys() == ev.results["runs"].keys()
+    assert ev.markdown_path.is_file() and (ev.out / "acceptance.png").is_file()
+
+    cal = dspark.calibrate(dspark.CalibrateOptions(checkpoint=run.checkpoint, out=root / "cal", skip=0, per_domain=4,
+                                                   prompts=data.eval_prompts_path, model=target, max_new_tokens=8,
+                                                   quiet=True))
+    assert isinstance(cal, dspark.CalibrateResult) and cal.calibration_path.is_file()
+    assert len(json.loads(cal.calibration_path.read_text())["temperatures"]) == 4  # one per draft position
+    assert {"raw", "calibrated"} <= set(cal.report["overall"]) and (cal.out / "reliability.png").is_file()
+
+
+def test_run_bench(tiny):
+    root, target, data, run = tiny
+    opts = dspark.BenchOptions(out=root / "bench", model=target, dtype="float32", drafter=run.checkpoint,
+                               prompts=data.eval_prompts_path, per_domain=1, concurrency=[1, 2], repeats=1,
+                               max_new_tokens=6, mode="both", profile_repeats=1, min_requests=2, quiet=True)
+    bench = dspark.run_bench(opts)
+    assert isinstance(bench, dspark.BenchResult) and bench.json_path.is_file()
+    keys = {(r["scheduler"], r["concurrency"], r["simulated"]) for r in bench.rows}
+    for s in ("plain", "fixed:k=1", "fixed:k=4", "threshold", "sps-greedy"):
+        assert {(s, 1, False), (s, 2, False), (s, 1, True), (s, 2, True)} <= keys
+    assert bench.markdown == (bench.out / "bench.md").read_text() and (bench.out / "profile.json").is_file()
+    from dspark.bench.run import replot_bench
+
+    (bench.out / "bench.md").unlink()
+    assert replot_bench(bench.out) == bench.out / "bench.png" and (bench.out / "bench.md").read_text() == bench.markdown
+
+
+def test_run_demo(tiny):
+    root, target, data, run = tiny
+    demo = dspark.run_demo(drafter=run.checkpoint, model=target, max_new_tokens=8, per_domain=1, repeats=1,
+                           samples=200, dtype="float32", out=root / "demo")
+    assert isinstance(demo, dspark.DemoResult) and demo.all_identical and demo.speedup > 0
+    assert demo.result["gamma"] == 4 and {r["domain"] for r in demo.result["greedy_identity_fp32"]} == set(DOMAINS)
+    assert demo.markdown == (demo.out / "demo.md").read_text()
+    assert json.loads((demo.out / "demo.json").read_text())["command"].endswith(
+        f"--samples 200 --dtype float32 --gate --out {root / 'demo'} --model {target}")
+
+
+# -- options --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, options", [
+    (["data"], DataOptions()),
+    (["train", "--data", "d", "--out", "o"], TrainOptions(data="d", out="o")),
+    (["calibrate", "ck"], CalibrateOptions(checkpoint="ck")),
+    (["eval", "--drafter", "ngram"], EvalOptions(drafters=["ngram"])),
+    (["bench"], BenchOptions()),
+    (["demo"], DemoOptions()),
+], ids=lambda v: v[0] if isinstance(v, list) else "")
+def test_options_defaults_are_the_command_lines(argv, options):
+    assert type(options).from_namespace(build_parser().parse_args(argv)) == options
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: DataOptions(source="web"), "--source must be one of builtin, natural, both"),
+    (lambda: DataOptions(no_builtin=True, source="natural"), "contradicts --source natural"),
+    (lambda: DataOptions(followups_from="train.jsonl"), "needs --source natural or both"),
+    (lambda: DataOptions(no_builtin=True), "no prompts"),
+    (lambda: DataOptions(eval_fraction=1.0), r"eval_fraction must lie in \[0, 1\)"),
+    (lambda: TrainOptions(data="d", out="o", gamma=0), "gamma must be an integer in 1..64"),
+    (lambda: TrainOptions(data="d", out="o", lr=0.0), "lr must be a number > 0"),
+    (lambda: TrainOptions(data="d", out="o", teacher="top5"), "teacher must be one of full, topk"),
+    (lambda: CalibrateOptions(checkpoint="ck", objective="nll"), "objective must be one of ece, brier"),
+    (lambda: EvalOptions(drafters=[]), "drafters must name at least one drafter"),
+    (lambda: EvalOptions(drafters=["ngram"], temperatures=[-1]), "temperatures must be one or more numbers ≥ 0"),
+    (lambda: BenchOptions(concurrency=[0, 4]), r"concurrency levels must be >= 1, got \[0, 4\]"),
+    (lambda: BenchOptions(arrival="poisson"), "--arrival poisson needs --rate > 0"),
+    (lambda: BenchOptions(threads=0), "threads must be an integer ≥ 1"),
+    (lambda: DemoOptions(max_new_tokens=0), "max_new_tokens must be an integer ≥ 1, got 0"),
+    (lambda: DemoOptions(dtype="float16"), "dtype must be one of auto, float32, bfloat16"),
+])
+def test_a_bad_option_is_one_sentence(make, match):
+    with pytest.raises(ValueError, match=match) as info:
+        make()
+    text = str(info.value)
+    assert "\n" not in text and text.count(". ") == 0, text
+
+
+def test_checks_before_any_model_loads(tmp_path):
+    """Missing files, unknown names and lossy schedulers fail first: the model path does not exist,
+    so reaching the model load would raise a different error."""
+    nowhere = str(tmp_path / "no-model")
+    with pytest.raises(FileNotFoundError, match="neither a drafter checkpoint folder"):
+        dspark.evaluate(drafters=["ngram", str(tmp_path / "no-ckpt")], model=nowhere)
+    with pytest.raises(FileNotFoundError, match="neither a drafter checkpoint folder"):
+        dspark.calibrate(checkpoint=tmp_path / "no-ckpt", model=nowhere)
+    with pytest.raises(FileNotFoundError, match="prompt file"):
+        dspark.evaluate(drafters=["ngram"], prompts=tmp_path / "none.jsonl", model=nowhere)
+    with pytest.raises(ValueError, match="unknown drafter kind 'nope'"):
+        dspark.train(data=tmp_path, out=tmp_path / "o", kind="nope", model=nowhere)
+    with pytest.raises(FileNotFoundError, match="dspark data"):
+        dspark.train(data=tmp_path, out=tmp_path / "o", model=nowhere)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="'sps-argmax' is not lossless"):
+        dspark.run_bench(schedulers=["plain", "sps-argmax"], model=nowhere, out=tmp_path / "b")
+    with pytest.raises(FileNotFoundError, match="--followups-from"):
+        dspark.build_data(source="natural", followups_from=tmp_path / "none.jsonl", out=tmp_path / "d", model=nowhere)
+
+
+def test_options_or_keywords():
+    opts = TrainOptions(data="d", out="o")
+    assert dspark.TrainOptions is TrainOptions and dspark.train.__module__ == "dspark.training.run"
+    with pytest.raises(TypeError, match="expected a TrainOptions, got DataOptions"):
+        dspark.train(DataOptions())
+    with pytest.raises(ValueError, match="steps must be an integer ≥ 1"):
+        dspark.train(opts, steps=0)  # keyword overrides are validated too
+    assert EvalOptions(drafters="ngram", temperatures=0).temperatures == (0.0,)
+    assert DataOptions(code_modules="json, re,").code_modules == ("json", "re")
+    assert TrainOptions(data=Path("d"), out="o").data == "d"
