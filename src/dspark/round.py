@@ -57,18 +57,25 @@ def accept(
     generators: Sequence[torch.Generator | None] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verification → (accepted [R], committed [R, 1+γ]): greedy token matching when every request
-    is greedy, else lossless rejection sampling; without drafts, one token from the target."""
+    is greedy, else lossless rejection sampling; without drafts, one token from the target.
+
+    Acceptance runs on the CPU, where the requests' generators and the drafts live: a target on an
+    accelerator hands over its argmax [R, 1+γ] (greedy) or its probabilities (sampling).
+    """
     R = logits.shape[0]
     greedy = all(p.is_greedy for p in sampling)
     if block is None:
         first = logits[:, 0]  # [R, V]
-        nxt = first.float().argmax(-1) if greedy else sample(probs_for_requests(first, sampling), generators)
+        if greedy:
+            nxt = first.float().argmax(-1).cpu()
+        else:
+            nxt = sample(probs_for_requests(first, sampling).cpu(), generators)
         return torch.zeros(R, dtype=torch.long), nxt[:, None]
     logits = logits[:, : block.gamma + 1]
     if greedy:
-        res = verify_greedy(block.tokens, logits.float().argmax(-1), lengths)
+        res = verify_greedy(block.tokens, logits.float().argmax(-1).cpu(), lengths)
     else:
-        res = verify(block.tokens, block.q, probs_for_requests(logits, sampling), lengths, generators)
+        res = verify(block.tokens, block.q, probs_for_requests(logits, sampling).cpu(), lengths, generators)
     return res.accepted, res.committed
 
 

@@ -78,7 +78,8 @@ class TorchRunner:
         if self._graphs is None:
             self._graphs = {g.name: (g.module, g.outputs) for g in self.drafter.graph_specs(self.drafter, live=True)}
         module, outputs = self._graphs[graph]
-        out = module(**inputs)
+        dev = self.device  # the loop builds small index tensors on the CPU; the modules may be on CUDA
+        out = module(**{k: v.to(dev, non_blocking=True) for k, v in inputs.items()})
         return dict(zip(outputs, out if isinstance(out, tuple) else (out,)))
 
 
@@ -190,6 +191,7 @@ class DraftingLoop:
         self.caches: dict[str, KVStore] = {}
         self.pending: dict[str, torch.Tensor | None] = {}  # Eagle3: fused feature of the last context position
         self.timings: dict[str, float] = {}  # seconds per part of the last round
+        self._scratch: list[torch.Tensor] = []  # flat K and V buffers that gather() reuses
 
     @property
     def device(self) -> torch.device:
@@ -238,10 +240,8 @@ class DraftingLoop:
         s, R = self.spec, len(caches)
         P = max([c.length for c in caches] + [0])
         P = max(P, 1 - extra)
-        dtype = self.dtype
         shape = (s.num_layers, R, s.num_kv_heads, P + extra, s.head_dim)
-        K = torch.zeros(shape, device=self.device, dtype=dtype)
-        Vv = torch.zeros(shape, device=self.device, dtype=dtype)
+        K, Vv = self._buffers(shape)
         mask = torch.zeros(R, P + extra, dtype=torch.bool, device=self.device)
         for r, c in enumerate(caches):
             if c.length:
@@ -249,6 +249,21 @@ class DraftingLoop:
                 Vv[:, r, :, : c.length] = c.v[:, :, : c.length]
                 mask[r, : c.length] = True
         return K, Vv, mask
+
+    def _buffers(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two zeroed contiguous tensors of ``shape`` over buffers kept between rounds: the padded
+        K/V of a large batch are re-used instead of allocated (and page-faulted) every round.
+        Zeroed because a masked slot's value is multiplied by an attention weight of 0, and
+        0 · (stale NaN/inf) would not be 0."""
+        n = 1
+        for x in shape:
+            n *= x
+        dev, dtype = self.device, self.dtype
+        if not self._scratch or self._scratch[0].numel() < n or self._scratch[0].dtype != dtype \
+                or self._scratch[0].device != dev \
+                or self._scratch[0].is_inference() != torch.is_inference_mode_enabled():
+            self._scratch = [torch.empty(n, device=dev, dtype=dtype) for _ in range(2)]
+        return tuple(b[:n].view(shape).zero_() for b in self._scratch)  # type: ignore[return-value]
 
     def sample(self, logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, ...]:
         """Draft-space logits [R, V_d] (any device) → (slots [R], tokens [R], q [R, V], logits [R, V])
