@@ -40,6 +40,7 @@ from dspark.drafters.checkpoint import (
     _target_info,
 )
 from dspark.drafters.config import FORMAT_VERSION, DrafterConfig, TargetInfo
+from dspark.drafters.kinds import drafter_kind, kind_names
 from dspark.drafters.layers import LayerShape
 
 __all__ = ["FORMATS", "FormatError", "Portable", "detect", "read", "write", "convert", "build", "portable_from_drafter"]
@@ -47,7 +48,11 @@ __all__ = ["FORMATS", "FormatError", "Portable", "detect", "read", "write", "con
 FORMATS = ("dspark", "deepspec", "speculators", "zlab-dflash")
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 _HEAD_NAMES = {"vanilla-markov": "vanilla", "gated-markov": "gated", "rnn": "rnn"}  # dspark ↔ DeepSpec
-_SPEC_ARCH = {"dspark": "DSparkDraftModel", "dflash": "DFlashDraftModel", "eagle3": "Eagle3DraftModel"}
+
+
+def _spec_arch(kind: str) -> str | None:
+    """speculators' architecture name of a drafter kind (its DrafterKind states it; None: none)."""
+    return drafter_kind(kind).speculators_arch if kind in kind_names() else None
 
 
 class FormatError(CheckpointError):
@@ -101,14 +106,15 @@ def _rename(state: dict[str, torch.Tensor], rules: list[tuple[re.Pattern[str], s
 
 
 def to_reference_keys(kind: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """dspark module keys → reference keys (the identity for the reference-layout Eagle3)."""
-    return dict(state) if kind == "eagle3" else _rename(state, _TO_REF)
+    """dspark module keys → reference keys (the identity for a kind whose module already carries
+    the reference names, ``DrafterKind.reference_keys`` False: the reference-layout Eagle3)."""
+    return _rename(state, _TO_REF) if drafter_kind(kind).reference_keys else dict(state)
 
 
 def from_reference_keys(kind: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Reference keys → dspark module keys (``model.`` prefixes dropped)."""
     state = {k.removeprefix("model."): v for k, v in state.items()}
-    return dict(state) if kind == "eagle3" else _rename(state, _FROM_REF)
+    return _rename(state, _FROM_REF) if drafter_kind(kind).reference_keys else dict(state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,8 +299,9 @@ def _read_deepspec(root: Path, cfg: dict[str, Any]) -> Portable:
 def _read_speculators(root: Path, cfg: dict[str, Any]) -> Portable:
     where = root / CONFIG_NAME
     kind = cfg["speculators_model_type"]
-    if kind not in _SPEC_ARCH:
-        raise FormatError(f"{where}: speculators_model_type {kind!r} is not one of {sorted(_SPEC_ARCH)}")
+    servable = [k for k in kind_names() if _spec_arch(k)]
+    if kind not in servable:
+        raise FormatError(f"{where}: speculators_model_type {kind!r} is not one of {servable}")
     _need(cfg, where, "speculators", "transformer_layer_config", "speculators_config")
     layer = cfg["transformer_layer_config"]
     shape = _shape_fields(layer, where)
@@ -454,8 +461,9 @@ def portable_from_drafter(drafter: Any, target: Any = None) -> Portable:
 def _refuse_unrepresentable(p: Portable, fmt: str) -> None:
     c = p.config
     reasons = []
-    if c.kind == "eagle3-fused":
-        reasons.append("it is dspark's pre-reference Eagle3 layout (eagle3-fused), which no reference format holds")
+    if _spec_arch(c.kind) is None:
+        reasons.append(f"it is a {c.kind} drafter, a kind no reference format holds (its DrafterKind has no "
+                       "speculators architecture; eagle3-fused is dspark's pre-reference Eagle3 layout)")
     if c.head == "silu-markov":
         reasons.append("its silu-markov head is dspark's pre-reference variant, which no reference format holds")
     if c.kind in ("dspark", "dflash") and c.mask_token_id is None:
@@ -503,7 +511,7 @@ def _speculators_config(p: Portable) -> dict[str, Any]:
     c = p.config
     verifier = {"architectures": list(p.verifier_architectures) or ["Qwen3ForCausalLM"], "name_or_path": p.verifier}
     out: dict[str, Any] = {
-        "architectures": [_SPEC_ARCH[c.kind]],
+        "architectures": [_spec_arch(c.kind)],
         "auto_map": {"": f"config.{ {'dspark': 'DSpark', 'dflash': 'DFlash', 'eagle3': 'Eagle3'}[c.kind]}SpeculatorConfig"},
         "draft_vocab_size": c.vocab_size, "dtype": _dtype_name(p.weights),
         "speculators_config": {"algorithm": c.kind, "default_proposal_method": "greedy",
