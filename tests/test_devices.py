@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import greedy_decode, tiny_causal_lm
 
 import dspark
 from dspark.protocols import DraftContext
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
+from helpers import greedy_decode, tiny_causal_lm
 
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(

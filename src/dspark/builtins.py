@@ -4,7 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from dspark.calibration import IdentityCalibrator, STSCalibrator, TemperatureCalibrator
+from dspark.confidence import DraftHeadConfidence, MaxProbConfidence
+from dspark.cost_models import RooflineCostModel, SPSTableCostModel, default_profile_path
+from dspark.drafters import NGramDrafter
+from dspark.drafters.checkpoint import from_pretrained
+from dspark.drafters.config import DrafterConfig
+from dspark.drafters.kinds import BUILTIN_KINDS, drafter_kind
+from dspark.heads import GatedMarkovHead, RNNHead, SiluMarkovHead, VanillaMarkovHead
 from dspark.hookspecs import Register, hookimpl
+from dspark.schedulers import (
+    FixedScheduler,
+    FullScheduler,
+    SPSArgmaxScheduler,
+    SPSGreedyScheduler,
+    ThresholdScheduler,
+)
 
 
 def neural_drafter_factory(kind: str):
@@ -12,10 +27,6 @@ def neural_drafter_factory(kind: str):
     ``factory(target=None, checkpoint=None, **config)`` builds a fresh drafter for ``target`` or
     loads a trained one."""
     def factory(target: Any = None, checkpoint: Any = None, **config: Any):
-        from dspark.drafters.checkpoint import from_pretrained
-        from dspark.drafters.config import DrafterConfig
-        from dspark.drafters.kinds import drafter_kind
-
         if checkpoint is not None:
             from dspark.checkpoints import locate
 
@@ -43,17 +54,12 @@ def neural_drafter_factory(kind: str):
 
 @hookimpl
 def register_drafter_kinds(register: Register) -> None:
-    from dspark.drafters.kinds import BUILTIN_KINDS
-
     for kind in BUILTIN_KINDS:
         register(kind.name, lambda kind=kind: kind, description=kind.description)
 
 
 @hookimpl
 def register_drafters(register: Register) -> None:
-    from dspark.drafters import NGramDrafter
-    from dspark.drafters.kinds import BUILTIN_KINDS
-
     register("ngram", NGramDrafter)
     for kind in BUILTIN_KINDS:
         register(kind.name, neural_drafter_factory(kind.name),
@@ -62,8 +68,6 @@ def register_drafters(register: Register) -> None:
 
 @hookimpl
 def register_sequential_heads(register: Register) -> None:
-    from dspark.heads import GatedMarkovHead, RNNHead, SiluMarkovHead, VanillaMarkovHead
-
     # Each class is its own factory: (vocab_size, hidden_size, rank=256), W_up zero-initialised.
     register("vanilla-markov", VanillaMarkovHead)
     register("gated-markov", GatedMarkovHead)
@@ -73,16 +77,12 @@ def register_sequential_heads(register: Register) -> None:
 
 @hookimpl
 def register_confidence_models(register: Register) -> None:
-    from dspark.confidence import DraftHeadConfidence, MaxProbConfidence
-
     register("draft-head", DraftHeadConfidence)
     register("max-prob", MaxProbConfidence)
 
 
 @hookimpl
 def register_calibrators(register: Register) -> None:
-    from dspark.calibration import IdentityCalibrator, STSCalibrator, TemperatureCalibrator
-
     register("identity", IdentityCalibrator)
     register("temperature", TemperatureCalibrator)
     register("sts", STSCalibrator)
@@ -90,15 +90,11 @@ def register_calibrators(register: Register) -> None:
 
 def _sps_table(profile: Any = None, **options: Any):
     """SPS(B) from a measured profile (JSON path, dict or SPSProfile); default: the shipped CPU profile."""
-    from dspark.cost_models import SPSTableCostModel, default_profile_path
-
     return SPSTableCostModel(profile if profile is not None else default_profile_path(), **options)
 
 
 def _roofline(gpu: str | None = None, **options: Any):
     """Analytic roofline step time; ``gpu="h200"|"h100"|"a100"`` uses a datasheet preset."""
-    from dspark.cost_models import RooflineCostModel
-
     return RooflineCostModel.for_gpu(gpu, **options) if gpu else RooflineCostModel(**options)
 
 
@@ -110,14 +106,6 @@ def register_cost_models(register: Register) -> None:
 
 @hookimpl
 def register_schedulers(register: Register) -> None:
-    from dspark.schedulers import (
-        FixedScheduler,
-        FullScheduler,
-        SPSArgmaxScheduler,
-        SPSGreedyScheduler,
-        ThresholdScheduler,
-    )
-
     register("full", FullScheduler)
     register("fixed", FixedScheduler)
     register("threshold", ThresholdScheduler)

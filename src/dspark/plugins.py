@@ -11,6 +11,7 @@ the name.
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.metadata
 import inspect
 import os
@@ -49,6 +50,7 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "dspark"
 BUILTIN_PLUGIN = "dspark"
+BUILTIN_MODULE = "dspark.builtins"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
@@ -169,11 +171,13 @@ def get_plugin_manager() -> pluggy.PluginManager:
     global _pm
     with _lock:
         if _pm is None:
-            from dspark import __version__, builtins
+            from dspark import __version__
 
             pm = pluggy.PluginManager("dspark")
             pm.add_hookspecs(hookspecs)
-            _add(pm, builtins, BUILTIN_PLUGIN, __version__)
+            # Built-ins are a plugin module named like any other (as llm's DEFAULT_PLUGINS): the
+            # registry imports no implementation, so the implementations may use the registry.
+            _add(pm, importlib.import_module(BUILTIN_MODULE), BUILTIN_PLUGIN, __version__)
             _load_entry_points(pm)
             pm.check_pending()
             _pm = pm

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from attrs import evolve, field, frozen
 
-from dspark.drafters.checkpoint import (
+from dspark.drafters.config import FORMAT_VERSION, DrafterConfig, TargetInfo
+from dspark.drafters.files import (
     CheckpointError,
     _bind,
     _dspark_config,
@@ -39,7 +40,6 @@ from dspark.drafters.checkpoint import (
     _read_weights,
     _target_info,
 )
-from dspark.drafters.config import FORMAT_VERSION, DrafterConfig, TargetInfo
 from dspark.drafters.kinds import drafter_kind, kind_names
 from dspark.drafters.layers import LayerShape
 
