@@ -159,16 +159,19 @@ def _softmax_in_fp32(model: Any, precision: str) -> int:
 def _norm_scopes(module: torch.nn.Module, model: Any) -> list[str]:
     """Node-name prefixes ("/layers.0/input_norm/") of the RMSNorm modules in an exported graph.
 
-    The TorchScript exporter names nodes after the module path ("/layers.0/input_norm/Pow"); the
-    TensorRT parser names layers after the nodes, so a weakly typed (TensorRT 10 --fp16/--bf16)
-    build can pin exactly these layers to fp32."""
+    The TorchScript exporter names nodes after the path of the modules *called* on the way
+    ("/layers.0/input_norm/Pow"; a norm reached through a method of its parent, as the context
+    graph's ``layer.context_kv``, is only "/k_norm/Pow_1"), so a scope matches an RMSNorm whose
+    qualified name it ends. The TensorRT parser names layers after the nodes, so a weakly typed
+    (TensorRT 10 --fp16/--bf16) build can pin exactly these layers to fp32."""
     from dspark.drafters.layers import RMSNorm
 
     norms = {name for name, m in module.named_modules() if isinstance(m, RMSNorm) and name}
     found = set()
     for node in model.graph.node:
         scope = node.name.rsplit("/", 1)[0]
-        if scope.strip("/").replace("/", ".") in norms:
+        path = scope.strip("/").replace("/", ".")
+        if path and any(q == path or q.endswith("." + path) for q in norms):
             found.add(scope + "/")
     return sorted(found)
 

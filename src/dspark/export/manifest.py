@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["MANIFEST_NAME", "FORMAT", "ExportError", "sha256_file", "sha256_tensor", "versions",
-           "read_manifest", "write_manifest", "verify_files", "onnx_io"]
+           "read_manifest", "write_manifest", "verify_files", "onnx_io", "graph_entries"]
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "dspark.export"
@@ -50,7 +50,7 @@ def versions() -> dict[str, str]:
     for mod in ("onnx", "onnxruntime", "tensorrt"):
         try:
             out[mod] = __import__(mod).__version__
-        except ImportError:
+        except Exception:  # not installed, or a broken install (a missing libnvinfer: OSError)
             pass
     return out
 
@@ -99,6 +99,18 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
             f"{path} has format version {manifest['format_version']}; this dspark reads up to {FORMAT_VERSION}"
         )
     return manifest
+
+
+def graph_entries(manifest: dict[str, Any], precision: str = "fp32") -> dict[str, Any]:
+    """The manifest entries of the graph files of one precision (fp32: ``graphs``)."""
+    if precision == "fp32":
+        return manifest["graphs"]
+    variants = (manifest.get("graph_variants") or {}).get(precision)
+    if not variants:
+        have = ", ".join(["fp32", *(manifest.get("graph_variants") or {})])
+        raise ExportError(f"this export has no {precision} graphs (it has: {have}); export with "
+                          f"precisions=[{precision!r}] (python -m dspark.export ... --trt DIR --{precision})")
+    return variants
 
 
 def verify_files(root: Path, entries: dict[str, dict[str, Any]]) -> None:

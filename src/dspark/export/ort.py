@@ -4,7 +4,14 @@
     engine = dspark.Engine(target, drafter)               # a dspark.protocols.Drafter like any other
 
 Runs the exported graphs with ONNX Runtime (CPU by default; pass ``providers`` for others) and
-keeps the per-request state itself (:mod:`dspark.export.runtime`).
+keeps the per-request state itself (:mod:`dspark.export.runtime`). ``precision="fp16"`` (or
+"bf16") runs the reduced-precision variants an export with ``precisions=[...]`` wrote (the files a
+strongly typed TensorRT build parses) — a CPU check of those graphs; ONNX Runtime's CPU provider
+has fp16 kernels (or inserts casts around ops that lack them) but no bf16 MatMul.
+
+``onnxruntime-gpu`` (CUDA execution provider) is a different distribution of the same
+``onnxruntime`` module: install it *instead of* ``onnxruntime``, never next to it (see
+docs/export.md).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dspark.export.manifest import ExportError, read_manifest, verify_files
+from dspark.export.manifest import ExportError, graph_entries, read_manifest, verify_files
 from dspark.export.runtime import ExportedDrafter, require_kind
 
 __all__ = ["OrtDrafter", "OrtRunner"]
@@ -38,7 +45,7 @@ class OrtRunner:
     device = torch.device("cpu")
 
     def __init__(self, root: Path, manifest: dict[str, Any], providers: Sequence[str] | None = None,
-                 threads: int | None = None, spin: bool = False) -> None:
+                 threads: int | None = None, spin: bool = False, precision: str = "fp32") -> None:
         ort = _require_ort()
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -54,7 +61,7 @@ class OrtRunner:
         self.inputs: dict[str, dict[str, Any]] = {}
         self.outputs: dict[str, list[str]] = {}
         self.limits: dict[str, dict[str, int]] = {}
-        for name, entry in manifest["graphs"].items():
+        for name, entry in graph_entries(manifest, precision).items():
             try:
                 sess = ort.InferenceSession(str(root / entry["file"]), opts, providers=providers)
             except Exception as exc:  # onnxruntime raises its own exception types
@@ -78,20 +85,22 @@ class OrtDrafter(ExportedDrafter):
     @classmethod
     def from_dir(cls, path: str | Path, *, providers: Sequence[str] | None = None,
                  threads: int | None = None, spin: bool = False, verify: bool = True,
-                 target: Any = None) -> OrtDrafter:
+                 target: Any = None, precision: str = "fp32") -> OrtDrafter:
         """Load an export folder.
 
         ``threads``: ORT intra-op threads (default: ORT's choice, one per core); ``spin``: let
         idle ORT workers busy-wait (ORT's default; off here because the target runs on the same
         cores between drafter calls); ``verify``: check every file against the manifest's sha256;
-        ``target``: check that its embedding / LM head are the ones baked into the graphs.
+        ``target``: check that its embedding / LM head are the ones baked into the graphs;
+        ``precision``: "fp16" / "bf16" run that reduced-precision variant of the graphs.
         """
         root = Path(path)
         manifest = read_manifest(root)
         require_kind(manifest)
+        entries = graph_entries(manifest, precision)
         if verify:
-            verify_files(root, manifest["graphs"])
-        drafter = cls(manifest, OrtRunner(root, manifest, providers, threads, spin), root)
+            verify_files(root, entries)
+        drafter = cls(manifest, OrtRunner(root, manifest, providers, threads, spin, precision), root)
         if target is not None:
             drafter.check_target(target)
         return drafter
