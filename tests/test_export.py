@@ -357,16 +357,6 @@ def test_cli_onnx_with_validate(cli_files, tmp_path, capsys):
     assert OrtDrafter.from_dir(tmp_path / "o").name == "dspark"
 
 
-@pytest.mark.skipif(tensorrt_missing() is None, reason="CUDA and tensorrt are present: --trt builds engines here")
-def test_cli_trt_without_tensorrt_writes_onnx_and_stops_with_one_sentence(cli_files, tmp_path, capsys):
-    rc, out, err = _run([cli_files / "ckpt", "--trt", tmp_path / "t", "--target", cli_files / "tiny", "--fp16",
-                         "--batch", "1,4,16", "--quiet"], capsys)
-    assert rc == 3
-    assert err.count("\n") == 1 and "Traceback" not in err
-    assert "TensorRT engines were not built because" in err and tensorrt_missing() in err
-    assert {"context.onnx", "backbone.onnx", "head.onnx", "manifest.json"} <= {p.name for p in (tmp_path / "t").iterdir()}
-
-
 @pytest.mark.parametrize("case, message", [
     ("missing-checkpoint", "checkpoint .* does not exist"),
     ("not-a-checkpoint", "is not a drafter checkpoint"),
@@ -446,23 +436,78 @@ def test_profiles_in_the_repo_load_and_default_matches_the_builtin(tmp_path):
         load_profile(bad)
 
 
-def _fake_tensorrt(record):
-    """Just enough of the TensorRT 10 builder API to check build_engines' plumbing on a CPU box:
-    the parser reads the ONNX inputs, the builder records profiles and flags."""
+# --------------------------------------------------------------------------------------------
+# TensorRT on a CPU box: fail fast, one-sentence failures, and the build plumbing against a fake
+# tensorrt module (TensorRT 10: builder flags; 11: strongly typed) — which says nothing about
+# whether real TensorRT accepts the graphs (the gpu tests below do)
+# --------------------------------------------------------------------------------------------
+
+
+def _fake_tensorrt(record, major=10, *, parse_errors=(), build_error=None, builder_error=None,
+                   deserialize=None):
+    """Just enough of TensorRT's Python API (the names dspark uses, as in TensorRT 10 and 11) to
+    run build_engines / TensorRTRunner on a CPU box. ``major`` 10 has BuilderFlag.FP16/BF16/
+    OBEY_PRECISION_CONSTRAINTS; 11 does not (only TF32). Records flags, network flags, parsed
+    files, profiles and the layers pinned to fp32."""
+    import enum
     import types
 
     trt = types.ModuleType("tensorrt")
-    trt.__version__ = "10.fake"
+    trt.__version__ = f"{major}.0.fake"
 
-    class Logger:
-        WARNING = 2
+    class Severity(enum.IntEnum):
+        INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = range(5)
 
-        def __init__(self, severity):
+    class ILogger:
+        def __init__(self):
             pass
 
+    ILogger.Severity = Severity
+    for s in Severity:
+        setattr(ILogger, s.name, s)
+
+    class Logger(ILogger):
+        def __init__(self, severity=None):
+            pass
+
+        def log(self, severity, msg):
+            pass
+
+    DataType = types.SimpleNamespace(FLOAT="float", HALF="half", BF16="bf16", INT32="int32", INT64="int64",
+                                     BOOL="bool", INT8="int8")
+    LayerType = types.SimpleNamespace(SOFTMAX="softmax", ELEMENTWISE="elementwise")
+    int_ops = {"Shape", "Equal", "IsNaN", "Range", "Gather", "Unsqueeze", "Concat", "Slice", "Constant", "Reshape"}
+
+    class Tensor:
+        def __init__(self, name, dtype):
+            self.name, self.dtype = name, dtype
+
+    class Layer:
+        def __init__(self, name, kind, outputs):
+            self.name, self.type, self.outputs = name, kind, outputs
+
+        @property
+        def num_outputs(self):
+            return len(self.outputs)
+
+        def get_output(self, j):
+            return self.outputs[j]
+
+        @property
+        def precision(self):
+            return None
+
+        @precision.setter
+        def precision(self, value):
+            assert value == DataType.FLOAT
+            record.setdefault("pinned", []).append(self.name)
+
+        def set_output_type(self, j, dtype):
+            assert dtype == DataType.FLOAT
+
     class Network:
-        def __init__(self):
-            self.inputs = []
+        def __init__(self, flags):
+            self.flags, self.inputs, self.layers = flags, [], []
 
         @property
         def num_inputs(self):
@@ -471,16 +516,35 @@ def _fake_tensorrt(record):
         def get_input(self, i):
             return self.inputs[i]
 
-    class OnnxParser:
-        num_errors = 0
+        @property
+        def num_layers(self):
+            return len(self.layers)
 
+        def get_layer(self, i):
+            return self.layers[i]
+
+    class OnnxParser:
         def __init__(self, network, logger):
-            self.network = network
+            self.network, self.logger, self.errors = network, logger, []
+
+        @property
+        def num_errors(self):
+            return len(self.errors)
+
+        def get_error(self, i):
+            return self.errors[i]
 
         def parse_from_file(self, path):
+            record.setdefault("parsed", []).append(Path(path).name)
+            if parse_errors:
+                self.errors = list(parse_errors)
+                return False
             model = onnx.load(path, load_external_data=False)
             self.network.inputs = [types.SimpleNamespace(name=i.name) for i in model.graph.input]
-            record.setdefault("parsed", []).append(Path(path).name)
+            self.network.layers = [
+                Layer(n.name, LayerType.SOFTMAX if n.op_type == "Softmax" else LayerType.ELEMENTWISE,
+                      [Tensor(o, DataType.INT64 if n.op_type in int_ops else DataType.FLOAT) for o in n.output])
+                for n in model.graph.node]
             return True
 
     class Profile:
@@ -492,24 +556,30 @@ def _fake_tensorrt(record):
 
     class Config:
         def __init__(self):
-            self.flags, self.profiles = [], []
+            self.flags, self.cleared, self.profiles = set(), set(), []
 
         def set_memory_pool_limit(self, pool, size):
             record["workspace"] = size
 
         def set_flag(self, flag):
-            self.flags.append(flag)
+            self.flags.add(flag)
+
+        def clear_flag(self, flag):
+            self.cleared.add(flag)
 
         def add_optimization_profile(self, profile):
             self.profiles.append(profile)
 
     class Builder:
         def __init__(self, logger):
-            pass
+            if builder_error:
+                logger.log(Severity.ERROR, builder_error)
+                raise TypeError("pybind11::init(): factory function returned nullptr")
+            self.logger = logger
 
         def create_network(self, flags):
-            assert flags == 0
-            return Network()
+            record.setdefault("network_flags", set()).add(flags)
+            return Network(flags)
 
         def create_builder_config(self):
             return Config()
@@ -519,34 +589,67 @@ def _fake_tensorrt(record):
 
         def build_serialized_network(self, network, config):
             record.setdefault("flags", set()).update(config.flags)
+            record.setdefault("cleared", set()).update(config.cleared)
+            if build_error:
+                self.logger.log(Severity.ERROR, build_error)
+                return None
             return f"plan {[p.shapes for p in config.profiles]}".encode()
 
-    trt.Logger, trt.OnnxParser, trt.Builder = Logger, OnnxParser, Builder
+    class Runtime:
+        def __init__(self, logger):
+            self.logger = logger
+
+        def deserialize_cuda_engine(self, data):
+            if deserialize is None:
+                self.logger.log(Severity.ERROR, "Serialization assertion stdVersionRead == kSERIALIZATION_VERSION failed")
+                return None
+            return deserialize(data)
+
+    flags = {"TF32": "tf32"}
+    if major < 11:  # removed in TensorRT 11
+        flags.update(FP16="fp16", BF16="bf16", OBEY_PRECISION_CONSTRAINTS="obey")
+    trt.BuilderFlag = types.SimpleNamespace(**flags)
+    # kSTRONGLY_TYPED is 1 in TensorRT 10 (after kEXPLICIT_BATCH) and 0 in 11
+    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=1 if major < 11 else 0)
+    trt.ILogger, trt.Logger, trt.OnnxParser, trt.Builder, trt.Runtime = ILogger, Logger, OnnxParser, Builder, Runtime
+    trt.DataType, trt.LayerType = DataType, LayerType
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="workspace")
-    trt.BuilderFlag = types.SimpleNamespace(FP16="fp16", BF16="bf16")
+    trt.TensorIOMode = types.SimpleNamespace(INPUT="input", OUTPUT="output")
     return trt
 
 
+@pytest.fixture
+def fake_trt(monkeypatch):
+    """Install a fake tensorrt (``fake_trt(major, **kw)`` → the record dict) and pretend CUDA works."""
+    def install(major=10, **kw):
+        record = {}
+        monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(record, major, **kw))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+        return record
+    return install
+
+
 @pytest.mark.parametrize("name", ["dspark-rnn", "eagle3"])
-def test_build_engines_profiles_with_a_fake_tensorrt(exported, name, tmp_path, monkeypatch):
-    """The TensorRT build cannot run here; this checks its plumbing (every dynamic axis gets the
-    profile's min/opt/max, block pinned to γ, Eagle3's step to one position, flags, manifest)."""
+def test_build_engines_profiles_with_a_fake_tensorrt(exported, name, tmp_path, fake_trt):
+    """Every dynamic axis gets the profile's min/opt/max, block pinned to γ, Eagle3's step to one
+    position; TensorRT 10 fp16 = weak typing: BuilderFlag.FP16, norms + softmax pinned to fp32."""
     import shutil
 
     from dspark.export import build_engines
-    from dspark.export import tensorrt_backend as tb
 
-    record = {}
-    monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(record))
-    monkeypatch.setattr(tb, "tensorrt_missing", lambda: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    record = fake_trt(10)
     folder = tmp_path / "x"
     shutil.copytree(exported[name][1], folder)
     profile = EngineProfile(batch=(1, 4, 16), past=(1, 100, 500), new=(1, 20, 300), precision="fp16")
     m = build_engines(folder, profile)
     assert list(m["engines"]) == list(m["graphs"]) == GRAPHS[name]
     assert record["parsed"] == [f"{g}.onnx" for g in GRAPHS[name]]
-    assert record["flags"] == {"fp16"} and m["tensorrt"]["profile"]["batch"] == [1, 4, 16]
+    assert record["flags"] == {"fp16", "obey"} and record["network_flags"] == {0}
+    assert m["tensorrt"]["profile"]["batch"] == [1, 4, 16] and m["tensorrt"]["typing"] == "weak"
+    scopes = [s for g in m["graphs"].values() for s in g["norm_scopes"]]
+    assert scopes and all(any(p.startswith(s) for p in record["pinned"]) for s in scopes)  # every norm pinned
+    assert not [p for p in record["pinned"] if not p.startswith(tuple(scopes)) and "Softmax" not in p]
     for entry in m["engines"].values():
         assert sha256_file(folder / entry["file"]) == entry["sha256"]
     shapes = {g: e["input_shapes"] for g, e in m["engines"].items()}
@@ -562,6 +665,194 @@ def test_build_engines_profiles_with_a_fake_tensorrt(exported, name, tmp_path, m
     assert json.loads((folder / "manifest.json").read_text())["engines"] == m["engines"]
 
 
+@pytest.mark.parametrize("major", [10, 11])
+def test_fp32_engines_clear_tf32(exported, tmp_path, fake_trt, major):
+    import shutil
+
+    from dspark.export import build_engines
+
+    record = fake_trt(major)
+    shutil.copytree(exported["dflash"][1], tmp_path / "x")
+    m = build_engines(tmp_path / "x", EngineProfile())
+    assert record["cleared"] == {"tf32"} and record["flags"] == set() and "pinned" not in record
+    assert m["tensorrt"]["tf32"] is False and all(e["tf32"] is False for e in m["engines"].values())
+    assert m["tensorrt"]["typing"] == ("weak" if major == 10 else "strong")
+
+
+def test_tensorrt_11_builds_fp16_strongly_typed_from_fp16_graphs(target, tmp_path, fake_trt):
+    """TensorRT 11 has no BuilderFlag.FP16: the engines come from <graph>.fp16.onnx as strongly
+    typed networks; without those graphs the build stops with one sentence saying how to get them."""
+    from dspark.export import build_engines
+    from dspark.export.tensorrt_backend import TensorRTError
+
+    record = fake_trt(11)
+    d = make_drafter(target, "dspark-gated")
+    export_onnx(d, tmp_path / "plain")
+    with pytest.raises(TensorRTError, match=r"has no BuilderFlag.FP16\) from fp16 graphs, and .* has none: "
+                                            r"export with export_onnx\(..., precisions=\['fp16'\]\)"):
+        build_engines(tmp_path / "plain", EngineProfile(precision="fp16"))
+    export_onnx(d, tmp_path / "typed", precisions=["fp16"])
+    record.clear()
+    m = build_engines(tmp_path / "typed", EngineProfile(precision="fp16"))
+    assert record["parsed"] == ["context.fp16.onnx", "backbone.fp16.onnx", "head.fp16.onnx"]
+    assert record["network_flags"] == {1 << 0} and record["flags"] == set() and "pinned" not in record
+    assert m["tensorrt"]["typing"] == "strong" and {e["onnx"] for e in m["engines"].values()} == set(record["parsed"])
+    # TensorRT 10 builds strongly typed too when asked (STRONGLY_TYPED is bit 1 there)
+    record = fake_trt(10)
+    build_engines(tmp_path / "typed", EngineProfile(precision="fp16", strongly_typed=True))
+    assert record["network_flags"] == {1 << 1} and record["flags"] == set()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("parser", r"TensorRT 10.0.fake cannot parse context.onnx: In node 3 \(Range\): UNSUPPORTED_NODE"),
+    ("build", r"could not build the context engine \(fp32, weakly typed\) \(TensorRT: Error Code 4: "
+              r"Internal Error \(out of memory\)\)"),
+    ("builder", r"cannot create a builder: CUDA initialization failure with error: 35"),
+])
+def test_tensorrt_build_failures_are_one_sentence(exported, tmp_path, fake_trt, case, message):
+    import shutil
+
+    from dspark.export import build_engines
+    from dspark.export.tensorrt_backend import TensorRTError
+
+    fake_trt(10, parse_errors=["In node 3 (Range): UNSUPPORTED_NODE"] if case == "parser" else (),
+             build_error="Error Code 4: Internal Error (out of memory)" if case == "build" else None,
+             builder_error="CUDA initialization failure with error: 35" if case == "builder" else None)
+    shutil.copytree(exported["dflash"][1], tmp_path / "x")
+    with pytest.raises(TensorRTError, match=message) as info:
+        build_engines(tmp_path / "x")
+    assert "\n" not in str(info.value)
+
+
+def _fake_engine(graph_io):
+    """A deserialized engine with the I/O of one graph (for TensorRTRunner on a CPU box)."""
+    import types
+
+    dtype = {"float32": "float", "int64": "int64", "bool": "bool"}
+    names = [(x["name"], "input", dtype[x["dtype"]]) for x in graph_io["inputs"]]
+    names += [(x["name"], "output", dtype[x["dtype"]]) for x in graph_io["outputs"]]
+    return types.SimpleNamespace(
+        num_io_tensors=len(names), get_tensor_name=lambda i: names[i][0],
+        get_tensor_mode=lambda n: next(m for k, m, _ in names if k == n),
+        get_tensor_dtype=lambda n: next(t for k, _, t in names if k == n),
+        create_execution_context=lambda: types.SimpleNamespace(set_input_shape=lambda *a: True,
+                                                               set_tensor_address=lambda *a: True))
+
+
+def test_tensorrt_runner_errors_are_one_sentence(exported, tmp_path, fake_trt, monkeypatch):
+    """An engine of another TensorRT version, one that does not deserialize, and a round outside
+    the optimisation profile: each one sentence naming the problem (and the flag to rebuild with)."""
+    import contextlib
+    import shutil
+
+    from dspark.export import TensorRTDrafter, build_engines
+    from dspark.export.tensorrt_backend import TensorRTError
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda *a: contextlib.nullcontext())
+    folder = tmp_path / "x"
+    shutil.copytree(exported["dflash"][1], folder)
+    fake_trt(10)
+    build_engines(folder, EngineProfile(batch=(1, 4, 16), past=(1, 100, 500), new=(1, 20, 300)))
+    fake_trt(11)
+    with pytest.raises(TensorRTError, match=r"built by TensorRT 10.0.fake and this is TensorRT 11.0.fake; "
+                                            r"engines only load in the version that built them"):
+        TensorRTDrafter.from_dir(folder)
+    fake_trt(10)  # deserialize_cuda_engine returns None after logging why
+    with pytest.raises(TensorRTError, match=r"cannot load .*context.plan \(Serialization assertion .*failed\); "
+                                            "built by another TensorRT version or for another GPU"):
+        TensorRTDrafter.from_dir(folder)
+    m = json.loads((folder / "manifest.json").read_text())
+    names = iter(m["engines"])
+    fake_trt(10, deserialize=lambda data: _fake_engine(m["graphs"][next(names)]))
+    drafter = TensorRTDrafter.from_dir(folder, device="cpu")
+    inputs = {"anchor_ids": torch.zeros(2, dtype=torch.long), "positions": torch.zeros(2, 4, dtype=torch.long),
+              "ctx_k": torch.zeros(2, 2, 2, 600, 8), "ctx_v": torch.zeros(2, 2, 2, 600, 8),
+              "ctx_mask": torch.ones(2, 600, dtype=torch.bool)}
+    with pytest.raises(TensorRTError, match=r"the backbone engine's optimisation profile allows past 1..500 for "
+                                            r"ctx_k, this round needs 600; rebuild the engines with --past"):
+        drafter.runner.run("backbone", inputs)
+
+
+def _broken_tensorrt(path: Path) -> Path:
+    """A tensorrt package that find_spec finds but that cannot be imported (its library is missing)."""
+    pkg = path / "tensorrt"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        'raise OSError("libnvinfer.so.10: cannot open shared object file: No such file or directory")\n')
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("not-installed", "the tensorrt Python package is not installed"),
+    ("broken", r"the tensorrt package is installed but cannot be imported \(OSError: libnvinfer.so.10: "
+               "cannot open shared object file"),
+    ("too-old", r"the installed TensorRT 8.0.fake is too old \(dspark needs TensorRT 10 or newer\)"),
+    ("no-cuda", "no CUDA device is visible to torch"),
+    ("no-builder", r"TensorRT 10.0.fake cannot create a builder on this machine \(CUDA initialization failure"),
+])
+def test_cli_trt_fails_fast_before_the_target_loads(cli_files, tmp_path, capsys, monkeypatch, fake_trt, case,
+                                                    message):
+    """--trt checks TensorRT (really imported, not find_spec), CUDA and a builder before the target
+    loads: exit 3, one sentence, nothing written, no target loaded."""
+    import importlib.util
+
+    import dspark.targets
+
+    if case == "not-installed":
+        monkeypatch.setitem(sys.modules, "tensorrt", None)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    elif case == "broken":
+        monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
+        monkeypatch.syspath_prepend(str(_broken_tensorrt(tmp_path / "site")))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert importlib.util.find_spec("tensorrt") is not None  # what the first version trusted
+    elif case == "too-old":
+        fake_trt(8)
+    elif case == "no-cuda":
+        fake_trt(10)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    else:
+        fake_trt(10, builder_error="CUDA initialization failure with error: 35")
+
+    def no_target(*a, **k):
+        raise AssertionError("the target was loaded before the TensorRT check")
+
+    monkeypatch.setattr(dspark.targets, "load_target", no_target)
+    out = tmp_path / "t"
+    rc, _, err = _run([cli_files / "ckpt", "--trt", out, "--target", cli_files / "tiny", "--fp16", "--quiet"], capsys)
+    assert rc == 3, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("python -m dspark.export: TensorRT engines cannot be built here because ")
+    assert __import__("re").search(message, err), err
+    assert "nothing was exported" in err and not out.exists()
+
+
+def test_cli_trt_build_failure_is_one_sentence(cli_files, tmp_path, capsys, fake_trt):
+    fake_trt(10, parse_errors=["In node 12 (Trilu): UNSUPPORTED_NODE: no importer"])
+    rc, _, err = _run([cli_files / "ckpt", "--trt", tmp_path / "t", "--target", cli_files / "tiny", "--quiet"], capsys)
+    assert rc == 3
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("python -m dspark.export: TensorRT: TensorRT 10.0.fake cannot parse context.onnx: "
+                               "In node 12 (Trilu)")
+    assert (tmp_path / "t" / "context.onnx").is_file()  # the ONNX files stay
+
+
+def test_cli_trt_fp16_on_tensorrt_11_exports_fp16_graphs(cli_files, tmp_path, capsys, fake_trt):
+    record = fake_trt(11)
+    rc, out, err = _run([cli_files / "ckpt", "--trt", tmp_path / "t", "--target", cli_files / "tiny", "--fp16"],
+                        capsys)
+    assert rc == 0, err
+    assert "exporting backbone.fp16.onnx" in err and "building backbone.plan (fp16, strongly typed)" in err
+    assert record["parsed"] == ["context.fp16.onnx", "backbone.fp16.onnx", "head.fp16.onnx"]
+    m = json.loads((tmp_path / "t" / "manifest.json").read_text())
+    assert set(m["graph_variants"]) == {"fp16"} and m["tensorrt"]["typing"] == "strong"
+    rc, _, err = _run([cli_files / "ckpt", "--trt", tmp_path / "t", "--target", cli_files / "tiny", "--quiet"], capsys)
+    assert rc == 0, err  # fp32 again: the stale fp16 graphs are gone
+    assert not list((tmp_path / "t").glob("*.fp16.onnx"))
+
+
 def _trt_or_skip():
     why = tensorrt_missing()
     if why:
@@ -570,16 +861,46 @@ def _trt_or_skip():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["dspark-gated", "dspark-rnn", "eagle3"])
-def test_tensorrt_engines_match_pytorch(exported, name):
+def test_tensorrt_engines_match_pytorch(exported, name, tmp_path):
+    """fp32 engines (TF32 cleared) vs PyTorch (TF32 off) on features with |x| = 2.5e4 outliers:
+    finite, close, identical greedy drafts."""
     _trt_or_skip()
+    import shutil
+
     from dspark.export import TensorRTDrafter, build_engines
 
-    d, folder = exported[name]
-    build_engines(folder, EngineProfile(batch=(1, 4, 8), past=(1, 64, 128), new=(1, 32, 128)))
+    d, src = exported[name]
+    folder = tmp_path / "x"
+    shutil.copytree(src, folder)
+    m = build_engines(folder, EngineProfile(batch=(1, 4, 8), past=(1, 64, 128), new=(1, 32, 128)))
+    assert m["tensorrt"]["tf32"] is False
     trt = TensorRTDrafter.from_dir(folder)
     assert isinstance(trt, Drafter)
     report = compare_drafters(d, trt)
-    assert report.max_abs_logits <= 1e-2 * max(1.0, report.logit_scale)  # TF32 matmuls
+    print(f"{name} fp32: {report.summary()}")
+    assert report.exported_finite and report.greedy_tokens_equal
+    assert report.max_abs_logits <= 1e-3 * max(1.0, report.logit_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("strongly_typed", [None, True])
+def test_tensorrt_reduced_precision_engines_survive_large_features(target, tmp_path, precision, strongly_typed):
+    """fp16/bf16 engines — builder flags with fp32-pinned norms (TensorRT 10, None) or strongly
+    typed from the reduced-precision graphs (TensorRT 11, or True) — on features with |x| = 2.5e4
+    outliers, whose square overflows fp16 unless RMSNorm squares in fp32."""
+    _trt_or_skip()
+    from dspark.export import TensorRTDrafter, build_engines
+    from dspark.export.cli import TRT_TOLERANCE
+
+    d = make_drafter(target, "dspark-gated")
+    export_onnx(d, tmp_path, precisions=[precision])
+    m = build_engines(tmp_path, EngineProfile(batch=(1, 4, 8), past=(1, 64, 128), new=(1, 32, 128),
+                                              precision=precision, strongly_typed=strongly_typed))
+    report = compare_drafters(d, TensorRTDrafter.from_dir(tmp_path))
+    print(f"{precision} {m['tensorrt']['typing']}: {report.summary()}")
+    assert report.exported_finite
+    assert report.max_abs_logits <= TRT_TOLERANCE[precision] * max(1.0, report.logit_scale)
 
 
 @pytest.mark.gpu

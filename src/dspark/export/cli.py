@@ -5,8 +5,9 @@
                             [--batch MIN,OPT,MAX] [--past MIN,OPT,MAX] [--new MIN,OPT,MAX] [--validate]
 
 Exit status: 0 done; 1 ``--validate`` found a mismatch; 2 bad input (one line on stderr, no
-traceback); 3 ``--trt`` on a machine without CUDA or tensorrt — the ONNX files are written and
-checked, the engines are not built, and one sentence says what is missing.
+traceback); 3 TensorRT: ``--trt`` on a machine where tensorrt is missing or cannot be imported, or
+CUDA is not usable — checked *before* the target loads, nothing is written — or a TensorRT failure
+later (parser, build, engine load, a shape outside the profile), one sentence each.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 __all__ = ["main", "build_parser"]
 
 PROG = "python -m dspark.export"
+# --validate tolerances for TensorRT, relative to max(1, max |logit|): guesses, not measurements.
+TRT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1e-1}
 
 
 class _Progress:
@@ -74,8 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the target whose embedding / LM head the graphs bake in: 'smollm2-135m' "
                         "(default), an HF model folder or a .gguf file (anything load_target accepts)")
     prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--fp16", action="store_true", help="TensorRT: allow fp16 kernels")
-    prec.add_argument("--bf16", action="store_true", help="TensorRT: allow bf16 kernels")
+    prec.add_argument("--fp16", action="store_true",
+                      help="TensorRT: fp16 engines (TensorRT 10: builder flag, norms pinned to fp32; "
+                           "TensorRT 11: strongly typed from fp16 graphs with fp32 norms)")
+    prec.add_argument("--bf16", action="store_true", help="TensorRT: bf16 engines (as --fp16)")
+    p.add_argument("--strongly-typed", action="store_true",
+                   help="TensorRT: build --fp16/--bf16 engines strongly typed from reduced-precision ONNX "
+                        "graphs also on TensorRT 10 (TensorRT 11 always does)")
     p.add_argument("--profile", metavar="FILE", help="TensorRT optimisation profile JSON (see export/profiles/)")
     for axis, what in (("batch", "requests per round"), ("past", "context length before the anchor"),
                        ("new", "context positions ingested per call")):
@@ -105,12 +113,15 @@ def _checkpoint_kind(ckpt: Path) -> dict[str, Any]:
         raise ExportError(f"{ckpt} is not a drafter checkpoint in a readable format: {_one_line(exc)}") from None
 
 
-def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bool, label: str) -> bool:
+def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bool, label: str,
+              target: Any = None) -> bool:
     from dspark.export.validate import compare_drafters
 
-    report = compare_drafters(reference, exported)
+    # Real target features (natural prompts) when the target can capture them; TF32 off throughout.
+    report = compare_drafters(reference, exported, target=target)
     atol = atol_rel * max(1.0, report.logit_scale)
-    ok = report.max_abs_logits <= atol and (report.greedy_tokens_equal or not require_tokens)
+    ok = (report.exported_finite and report.max_abs_logits <= atol
+          and (report.greedy_tokens_equal or not require_tokens))
     verdict = "ok" if ok else f"FAILED (tolerance {atol:.1e})"
     print(f"validate {label}: {report.summary()} — {verdict}")
     return ok
@@ -123,25 +134,44 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.onnx or args.trt)
     ckpt = Path(args.checkpoint)
     cfg = _checkpoint_kind(ckpt)
-    profile = None
+    profile, precisions = None, ()
     if args.trt:
-        from dspark.export.tensorrt_backend import load_profile
+        from dspark.export.tensorrt_backend import (
+            import_tensorrt,
+            load_profile,
+            tensorrt_problem,
+            uses_strong_typing,
+        )
 
         precision = "fp16" if args.fp16 else "bf16" if args.bf16 else None
-        profile = load_profile(args.profile, batch=args.batch, past=args.past, new=args.new, precision=precision)
-    elif args.fp16 or args.bf16 or args.profile or args.batch or args.past or args.new:
-        raise ExportError("--fp16/--bf16/--profile/--batch/--past/--new are TensorRT options: use them with --trt")
+        profile = load_profile(args.profile, batch=args.batch, past=args.past, new=args.new, precision=precision,
+                               strongly_typed=True if args.strongly_typed else None)
+        # Fail fast: tensorrt really imported, CUDA usable, a builder created — before the target
+        # (1-2 minutes) loads and before anything is written.
+        problem = tensorrt_problem(probe=True)
+        if problem:
+            print(f"{PROG}: TensorRT engines cannot be built here because {problem}; nothing was exported "
+                  f"(python -m dspark.export CHECKPOINT --onnx {out} writes the ONNX files without TensorRT, "
+                  "and 'pip install dspark[gpu]' on a CUDA machine adds TensorRT).", file=sys.stderr)
+            return 3
+        trt, _ = import_tensorrt()
+        if uses_strong_typing(trt, profile):  # the engines are built from reduced-precision graphs
+            precisions = (profile.precision,)
+    elif args.fp16 or args.bf16 or args.profile or args.batch or args.past or args.new or args.strongly_typed:
+        raise ExportError("--fp16/--bf16/--strongly-typed/--profile/--batch/--past/--new are TensorRT options: "
+                          "use them with --trt")
     created = not out.exists()
     prepare_out_dir(out)
     try:
-        return _export(args, out, ckpt, cfg, profile)
+        return _export(args, out, ckpt, cfg, profile, precisions)
     except BaseException:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # a failed export leaves no empty folder behind
         raise
 
 
-def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any], profile: Any) -> int:
+def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any], profile: Any,
+            precisions: tuple[str, ...] = ()) -> int:
     import torch
 
     from dspark.drafters.kinds import drafter_kind
@@ -149,7 +179,8 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
     from dspark.export.manifest import ExportError
 
     n_graphs = len(drafter_kind(str(cfg.get("kind"))).graph_names(cfg))
-    total = 2 + n_graphs + bool(args.validate) + (n_graphs + bool(args.validate) if args.trt else 0)
+    total = (2 + n_graphs * (1 + len(precisions)) + bool(args.validate)
+             + (n_graphs + bool(args.validate) if args.trt else 0))
     progress = _Progress(total, enabled=not args.quiet)
     try:
         progress(f"loading target {args.target}")
@@ -172,35 +203,32 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
         if drafter.dtype != torch.float32:
             drafter = drafter.float()
         manifest = export_onnx(drafter, out, opset=args.opset, target_spec=args.target, checkpoint=ckpt,
-                               progress=progress)
+                               progress=progress, precisions=precisions)
         ok = True
         if args.validate:
             progress("validating with onnxruntime")
             from dspark.export.ort import OrtDrafter
 
             ok &= _validate(drafter, OrtDrafter.from_dir(out, threads=torch.get_num_threads()), 1e-4, True,
-                            "onnxruntime vs PyTorch (fp32)")
+                            "onnxruntime vs PyTorch (fp32)", target)
         if args.trt:
-            from dspark.export.tensorrt_backend import (
-                TensorRTDrafter,
-                build_engines,
-                tensorrt_missing,
-            )
+            from dspark.export.tensorrt_backend import TensorRTDrafter, TensorRTError, build_engines
 
-            missing = tensorrt_missing()
-            if missing:
+            try:
+                manifest = build_engines(out, profile, progress=progress)
+                if args.validate:
+                    progress("validating with TensorRT")
+                    # Relative tolerances, guesses until measured on a GPU: fp32 (TF32 off in the
+                    # engine and in torch) must also draft identical greedy tokens.
+                    tol = TRT_TOLERANCE[profile.precision]
+                    ok &= _validate(drafter, TensorRTDrafter.from_dir(out), tol, profile.precision == "fp32",
+                                    f"TensorRT ({profile.precision}) vs PyTorch", target)
+            except TensorRTError as exc:
                 progress.close()
                 _summary(out, manifest)
-                print(f"{PROG}: TensorRT engines were not built because {missing}; the ONNX files in {out} "
-                      "are written and checked, so rerun with --trt on a CUDA machine with "
-                      "'pip install dspark[gpu]' to build them.", file=sys.stderr)
+                print(f"{PROG}: TensorRT: {_one_line(exc)} (the ONNX files in {out} are written and checked)",
+                      file=sys.stderr)
                 return 3
-            manifest = build_engines(out, profile, progress=progress)
-            if args.validate:
-                progress("validating with TensorRT")
-                tol = 1e-2 if profile.precision == "fp32" else 5e-2  # TF32 / half kernels
-                ok &= _validate(drafter, TensorRTDrafter.from_dir(out), tol, profile.precision == "fp32",
-                                f"TensorRT ({profile.precision}) vs PyTorch")
     finally:
         progress.close()
     _summary(out, manifest)
@@ -220,9 +248,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from dspark.drafters.checkpoint import CheckpointError
     from dspark.export.manifest import ExportError
+    from dspark.export.tensorrt_backend import TensorRTError
 
     try:
         return _run(args)
+    except TensorRTError as exc:
+        print(f"{PROG}: TensorRT: {_one_line(exc)}", file=sys.stderr)
+        return 3
     except (ExportError, CheckpointError, ValueError, FileNotFoundError, NotADirectoryError,
             PermissionError, ImportError) as exc:
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
