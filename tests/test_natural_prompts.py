@@ -110,7 +110,7 @@ class _Engine:
 
 
 def test_multi_turn_prompts_render_every_turn_and_round_trip(tmp_path):
-    from dspark.data.natural import _FOLLOWUPS
+    from dspark.data.natural.followups import _FOLLOWUPS
 
     first = "what is a list comprehension"
     reply = "it builds a list from an iterable in one expression"
