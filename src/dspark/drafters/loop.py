@@ -181,6 +181,42 @@ def draft_lengths(context: DraftContext, R: int, gamma: int) -> torch.Tensor:
 RoundFn = Callable[["DraftingLoop", DraftContext, list[torch.Tensor]], DraftBlock]
 
 
+class _Draws:
+    """The γ draws of one round. An all-greedy batch takes each argmax where the logits are (the
+    runner's device) and brings the round's logits to the CPU once, at the end; a sampled batch
+    draws on the CPU step by step, with the requests' own generators."""
+
+    def __init__(self, loop: DraftingLoop, context: DraftContext) -> None:
+        self.loop, self.context = loop, context
+        self.greedy = all(p.is_greedy for p in context.sampling)
+        self.slots: list[torch.Tensor] = []
+        self.tokens: list[torch.Tensor] = []
+        self.qs: list[torch.Tensor] = []
+        self.logits: list[torch.Tensor] = []
+
+    def draw(self, U_j: torch.Tensor) -> torch.Tensor:
+        """Draft-space logits [R, V_d] → the drawn slots [R] (the next step's input)."""
+        if self.greedy:
+            slot = U_j.float().argmax(-1)  # [R] on the runner's device
+            self.slots.append(slot)
+            self.logits.append(U_j)
+            return slot
+        slot, x, q, U = self.loop.sample(U_j, self.context)
+        self.tokens.append(x)
+        self.qs.append(q)
+        self.logits.append(U)
+        return slot
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens [R, γ], q [R, γ, V], logits [R, γ, V]) in target space, on the CPU."""
+        if not self.greedy:
+            return torch.stack(self.tokens, 1), torch.stack(self.qs, 1), torch.stack(self.logits, 1)
+        U = torch.stack(self.logits, 1).float().cpu()  # [R, γ, V_d] one transfer per round
+        slots = torch.stack(self.slots, 1).cpu()  # [R, γ]
+        q = torch.zeros_like(U).scatter_(-1, slots[..., None], 1.0)  # one-hot: what was "sampled"
+        return to_target_space(self.loop.spec.vocab_map, slots, q, U)
+
+
 class DraftingLoop:
     """Per-request state and one round of drafting over a :class:`GraphRunner`."""
 
@@ -323,7 +359,7 @@ def block_round(loop: DraftingLoop, context: DraftContext, feats: list[torch.Ten
     t0 = time.perf_counter()
     h, U = backbone(loop, anchors, torch.tensor([ids.numel() - 1 for ids in context.token_ids]), caches)
     t_head = 0.0
-    tokens, qs, logits, conf = [], [], [], []
+    draws, conf = _Draws(loop, context), []
     prev = to_slots(s.vocab_map, anchors)  # x̂_0 = the anchor, as a draft slot
     state = torch.zeros(R, s.rank, device=loop.device, dtype=h.dtype) if s.stateful_head else None
     for j in range(s.gamma):
@@ -336,22 +372,17 @@ def block_round(loop: DraftingLoop, context: DraftContext, feats: list[torch.Ten
             step = loop.runner.run("head", inputs)
             U_j = step["logits"]
             if s.confidence:
-                conf.append(step["confidence_logit"].float().cpu())  # [R]
+                conf.append(step["confidence_logit"])  # [R], brought to the CPU with the round
             if state is not None:
                 state = step["state_out"]
             t_head += time.perf_counter() - t1
-        slot, x_j, q_j, U_full = loop.sample(U_j, context)
-        tokens.append(x_j)
-        qs.append(q_j)
-        logits.append(U_full)
-        prev = slot
+        prev = draws.draw(U_j)
+    tokens, q, logits = draws.finish()  # [R, γ], [R, γ, V], [R, γ, V]
     loop.timings = {"draft": time.perf_counter() - t0, "sequential_head": t_head, "ingest": t_ingest}
     return DraftBlock(
-        tokens=torch.stack(tokens, 1),  # [R, γ]
-        q=torch.stack(qs, 1),  # [R, γ, V]
-        valid_lengths=loop.valid(context, R),
-        confidence_logits=torch.stack(conf, 1) if conf else None,  # [R, γ]
-        draft_logits=torch.stack(logits, 1),  # [R, γ, V]
+        tokens=tokens, q=q, valid_lengths=loop.valid(context, R),
+        confidence_logits=torch.stack(conf, 1).float().cpu() if conf else None,  # [R, γ]
+        draft_logits=logits,
         hidden=h.cpu() if s.returns_hidden else None,  # [R, γ, d]
     )
 
@@ -432,26 +463,22 @@ def autoregressive_round(loop: DraftingLoop, context: DraftContext, feats: list[
     loop.check_limit("step", "past", mask.shape[1])
     tok = torch.stack([ids[-1] for ids in context.token_ids]).long()  # [R] x_{t+1} = anchor
     pos = torch.tensor([ids.numel() - 2 for ids in context.token_ids])  # [R] t = a − 1
-    tokens, qs, logits, hidden = [], [], [], []
+    draws, hidden = _Draws(loop, context), []
     for j in range(s.gamma):
         out = loop.runner.run("step", {
             "token_ids": tok[:, None].to(loop.device), "feats": feat[:, None].contiguous(), "positions": pos[:, None],
             "ctx_k": k_ctx, "ctx_v": v_ctx, "ctx_mask": mask})
-        slot = P0 + j
-        k_ctx[:, :, :, slot] = out["k_new"][:, :, :, 0]
-        v_ctx[:, :, :, slot] = out["v_new"][:, :, :, 0]
-        mask[:, slot] = True
-        _, x_next, q, U_full = loop.sample(out["logits"][:, 0], context)  # [R], [R, V], [R, V]
-        tokens.append(x_next)
-        qs.append(q)
-        logits.append(U_full)
+        at = P0 + j  # the step's K/V slot after the padded context
+        k_ctx[:, :, :, at] = out["k_new"][:, :, :, 0]
+        v_ctx[:, :, :, at] = out["v_new"][:, :, :, 0]
+        mask[:, at] = True
+        slot = draws.draw(out["logits"][:, 0])  # [R] draft slot of x̂_j
         hidden.append(out["out"][:, 0])
-        tok, feat, pos = x_next, out["out"][:, 0], pos + 1
+        nxt = slot if s.vocab_map is None else s.vocab_map.to_target(slot)  # the layer reads target ids
+        tok, feat, pos = nxt, out["out"][:, 0], pos + 1
+    tokens, q, logits = draws.finish()
     loop.timings = {"draft": time.perf_counter() - t0, "sequential_head": 0.0, "ingest": t_ingest}
     return DraftBlock(
-        tokens=torch.stack(tokens, 1),
-        q=torch.stack(qs, 1),
-        valid_lengths=loop.valid(context, R),
-        draft_logits=torch.stack(logits, 1),
+        tokens=tokens, q=q, valid_lengths=loop.valid(context, R), draft_logits=logits,
         hidden=torch.stack(hidden, 1).cpu() if s.returns_hidden else None,  # [R, γ, d] pre-norm outputs
     )
