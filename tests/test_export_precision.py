@@ -235,33 +235,43 @@ def test_ort_runs_the_fp16_graphs(fp16_exports):
 # --------------------------------------------------------------------------------------------
 
 
-def test_validation_uses_the_targets_own_features(target, tmp_path):
-    """With a target, compare_drafters feeds the target's captured hidden states (natural prompts
-    through its tokenizer when it has one) and leaves the target as it found it."""
-    model = tiny_causal_lm("llama", vocab_size=V, max_positions=96, init_range=0.3)
-    folder = save_tiny_target(tmp_path / "tiny", model)
+def test_validation_uses_the_targets_own_features(tmp_path):
+    """With a target, compare_drafters feeds the target's own hidden states (natural prompts through
+    its tokenizer when it has one; one prefill, then a verify of the committed tokens each round)
+    and leaves the target as it found it: over the three rounds each request gets exactly the
+    features a full forward of its final sequence gives."""
     from transformers import AutoTokenizer
 
+    from dspark.export.validate import _FALLBACK_PROMPTS, natural_prompts
+
+    model = tiny_causal_lm("llama", vocab_size=V, max_positions=96, init_range=0.3)
+    folder = save_tiny_target(tmp_path / "tiny", model)
     tgt = HFTarget(model, AutoTokenizer.from_pretrained(folder), capture_layers=(0,))
     d = _drafter(tgt)
     export_onnx(d, tmp_path / "o")
-    calls = []
-    prefill = tgt.prefill
-    tgt.prefill = lambda ids, toks, **kw: calls.append([t.clone() for t in toks]) or prefill(ids, toks, **kw)
+    seen = []
+    draft = d.draft
+
+    def spy(ctx):
+        seen.append(([t.clone() for t in ctx.token_ids], [f.clone() for f in ctx.features["hidden"]]))
+        return draft(ctx)
+
+    d.draft = spy
     report = compare_drafters(d, OrtDrafter.from_dir(tmp_path / "o", threads=1), target=tgt)
     assert report.features == "target" and report.requests == 4  # 3 natural prompts + a one-token prompt
     assert report.greedy_tokens_equal and report.max_abs_logits <= 1e-4
-    assert calls and tgt.capture_layers == (0,) and not tgt.request_ids  # restored, nothing left behind
-    # the features are the target's: the first round's equal a direct capture
-    from dspark.export.validate import capture_features
-
-    seq = calls[1][0]  # one prefill per sequence; [0] is the one-token prompt
-    assert seq.numel() > 2
-    direct = capture_features(tgt, [seq], d.target_layer_ids)
-    with torch.inference_mode():
-        hs = model(seq[None], output_hidden_states=True).hidden_states
-    want = torch.cat([hs[k + 1][0, :-1] for k in d.target_layer_ids], dim=-1)
-    assert torch.allclose(direct[0], want, atol=1e-5)
+    assert tgt.capture_layers == (0,) and not tgt.request_ids  # restored, nothing left behind
+    assert not set(natural_prompts(3)) & set(_FALLBACK_PROMPTS)  # the shipped eval set was found
+    final_tokens = seen[-1][0]
+    assert [t.numel() for t in final_tokens][0] > 1 and final_tokens[2].numel() > 3
+    for i, toks in enumerate(final_tokens):
+        feats = torch.cat([rnd[1][i] for rnd in seen])  # what the drafter got over the rounds
+        assert feats.shape[0] == toks.numel() - 1
+        if feats.shape[0]:
+            with torch.inference_mode():
+                hs = model(toks[None, :-1], output_hidden_states=True).hidden_states
+            want = torch.cat([hs[k + 1][0] for k in d.target_layer_ids], dim=-1)
+            assert torch.allclose(feats, want, atol=1e-4), i
 
 
 def test_no_tf32_turns_tf32_off_and_restores_it(target):

@@ -245,9 +245,10 @@ def tensorrt_problem(probe: bool = False) -> str | None:
             why = ""
         if builder is None:
             why = logger.last() or why or "no error was logged"
+            major = (torch.version.cuda or "12").split(".")[0]
             problems.append(f"TensorRT {trt.__version__} cannot create a builder on this machine ({_one_line(why, 200)}); "
                             f"is the tensorrt wheel built for a CUDA the driver supports? (torch is built for CUDA "
-                            f"{torch.version.cuda})")
+                            f"{torch.version.cuda}: pip install 'tensorrt-cu{major}>=10')")
         del builder
     return " and ".join(problems) or None
 

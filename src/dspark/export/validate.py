@@ -10,7 +10,7 @@ with ``set_capture_layers`` / ``prefill`` / ``release``) the prompts are a few n
 the shipped evaluation set (``dspark/data/natural_eval.jsonl``, chat-templated when the target's
 tokenizer has a template; random token ids without a tokenizer) and the features are the
 target's own hidden states at the drafter's ``target_layer_ids``, captured the way the engine
-captures them. Real features are large: SmolLM2-135M's reach |x| ≈ 2.5e4 in a few channels
+captures them (one prefill, then a ``verify`` of the committed tokens each round). Real features are large: SmolLM2-135M's reach |x| ≈ 2.5e4 in a few channels
 ("massive activations"), where x² overflows fp16 (max 65504) unless RMSNorm squares in fp32.
 Without a target the features are randn with a few such outlier channels
 (:data:`OUTLIER_MAGNITUDE`), never plain randn (|x| < 6), which no fp16 engine would fail on.
@@ -115,7 +115,7 @@ def natural_prompts(n: int = 3) -> list[str]:
 
 
 def _can_capture(target: Any) -> bool:
-    return all(callable(getattr(target, m, None)) for m in ("set_capture_layers", "prefill", "release"))
+    return all(callable(getattr(target, m, None)) for m in ("set_capture_layers", "prefill", "verify", "release"))
 
 
 def capture_features(target: Any, tokens: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> list[torch.Tensor]:
@@ -138,6 +138,46 @@ def capture_features(target: Any, tokens: Sequence[torch.Tensor], layer_ids: Seq
     finally:
         target.set_capture_layers(before)
     return out
+
+
+class _TargetFeatures:
+    """The target's features round by round, the way the engine gets them: one batched prefill of
+    the prompts, then per round one ``verify`` of [previous anchor, committed drafts] — its K/V
+    cache grows like a real request's, so nothing is recomputed."""
+
+    def __init__(self, target: Any, layer_ids: Sequence[int], rids: Sequence[str]) -> None:
+        self.target, self.layer_ids = target, tuple(layer_ids)
+        self.rids = [f"dspark-export-validate-{r}" for r in rids]
+        self.before = tuple(getattr(target, "capture_layers", ()))
+        self.started = False
+
+    def _rows(self, out: Any, counts: Sequence[int]) -> list[torch.Tensor]:
+        hs = out.hidden_states
+        return [torch.cat([hs[k][i, :n] for k in self.layer_ids], dim=-1).float().cpu()
+                for i, n in enumerate(counts)]
+
+    def first(self, tokens: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.target.set_capture_layers(self.layer_ids)
+        self.started = True
+        out = self.target.prefill(self.rids, list(tokens), logits=False)
+        return self._rows(out, [int(n) for n in out.lengths])
+
+    def extend(self, anchors: Sequence[int], drafts: Sequence[torch.Tensor], gamma: int) -> list[torch.Tensor]:
+        """Commit [anchor, drafts] of each request (the new anchor follows); their features."""
+        rows = torch.zeros(len(anchors), gamma + 1, dtype=torch.long)
+        for i, (a, d) in enumerate(zip(anchors, drafts)):
+            rows[i, 0] = a
+            rows[i, 1: 1 + d.numel()] = d
+        lengths = torch.tensor([d.numel() for d in drafts])
+        out = self.target.verify(self.rids, rows, lengths)
+        return self._rows(out, (lengths + 1).tolist())
+
+    def close(self) -> None:
+        if self.started:
+            for rid in self.rids:
+                with contextlib.suppress(Exception):
+                    self.target.release(rid)
+            self.target.set_capture_layers(self.before)
 
 
 def outlier_features(n: int, width: int, generator: torch.Generator, blocks: int = 1,
@@ -183,13 +223,14 @@ def compare_drafters(
     target: Any = None,
     prompt_lengths: Sequence[int] = (1, 6, 13),
     seed: int = 0,
-    max_prompt_tokens: int = 48,
+    max_prompt_tokens: int = 96,
     outlier_magnitude: float = OUTLIER_MAGNITUDE,
     allow_tf32: bool = False,
 ) -> ParityReport:
     """Run ``reference`` (PyTorch) and ``exported`` on the same three rounds; compare.
 
-    ``target``: capture real features from it (natural prompts, see the module docstring);
+    ``target``: capture real features from it (natural prompts, see the module docstring; it
+    needs ``set_capture_layers`` / ``prefill`` / ``verify`` / ``release``, as HFTarget has);
     without one, ``prompt_lengths`` random prompts with synthetic features (randn + outlier
     channels of ``outlier_magnitude``; 0 gives plain randn). ``allow_tf32``: leave torch's TF32
     settings alone (default: off for the duration, restored afterwards).
@@ -206,19 +247,23 @@ def _compare(reference: Any, exported: Any, target: Any, prompt_lengths: Sequenc
     F_in = len(layer_ids) * reference.config.layer.hidden_size
     real = target is not None and _can_capture(target)
     if real:
-        tokens = _prompt_tokens(target, V, max_prompt_tokens, 3, gen)
+        room = getattr(target, "max_context", None)  # the prompts grow by ≤ γ + 1 a round
+        cap = max_prompt_tokens if room is None else min(max_prompt_tokens, int(room) - 3 * (reference.gamma + 2))
+        tokens = _prompt_tokens(target, V, max(2, cap), 3, gen)
     else:
         tokens = [torch.randint(0, V, (n,), generator=gen) for n in prompt_lengths]
     rids = [f"parity-{seed}-{i}" for i in range(len(tokens))]
+    source = _TargetFeatures(target, layer_ids, rids) if real else None
     seen = [0] * len(tokens)
     diffs = {"logits": 0.0, "conf": None, "hidden": None}
     scale, greedy_eq, sampled_eq, finite, fmax = 0.0, True, True, True, 0.0
     schedule = ["greedy", "greedy", "sampled"]
+    anchors: list[int] = []
+    committed: list[torch.Tensor] = []
     try:
         for rnd, mode in enumerate(schedule):
             if real:
-                full = capture_features(target, tokens, layer_ids)
-                feats = [f[s:] for f, s in zip(full, seen)]
+                feats = source.first(tokens) if rnd == 0 else source.extend(anchors, committed, reference.gamma)
             else:
                 feats = [outlier_features(t.numel() - 1 - s, F_in, gen, len(layer_ids), outlier_magnitude)
                          if outlier_magnitude else torch.randn(t.numel() - 1 - s, F_in, generator=gen)
@@ -247,14 +292,15 @@ def _compare(reference: Any, exported: Any, target: Any, prompt_lengths: Sequenc
             else:
                 sampled_eq &= same
             # Commit a few of the reference's drafts plus one "recovered" token, varying per request.
-            tokens = [
-                torch.cat([t, a.tokens[i, : (i + rnd) % (a.gamma + 1)].cpu(), torch.randint(0, V, (1,), generator=gen)])
-                for i, t in enumerate(tokens)
-            ]
+            anchors = [int(t[-1]) for t in tokens]
+            committed = [a.tokens[i, : (i + rnd) % (a.gamma + 1)].cpu() for i in range(len(tokens))]
+            tokens = [torch.cat([t, c, torch.randint(0, V, (1,), generator=gen)]) for t, c in zip(tokens, committed)]
     finally:
         for rid in rids:
             reference.release(rid)
             exported.release(rid)
+        if source is not None:
+            source.close()
     return ParityReport(
         max_abs_logits=diffs["logits"], logit_scale=scale, max_abs_confidence=diffs["conf"],
         max_abs_hidden=diffs["hidden"], greedy_tokens_equal=greedy_eq, sampled_tokens_equal=sampled_eq,
