@@ -32,6 +32,14 @@ class LayerShape:
 
 
 class RMSNorm(nn.Module):
+    """RMS norm whose mean of squares is computed in fp32 whatever the input dtype.
+
+    Target hidden states reach |x| ≈ 2.5e4 (SmolLM2's massive activations), and x² overflows fp16
+    above |x| = 256. The casts (``x.float()`` … ``.to(x.dtype)``) also become explicit Casts in the
+    fp16/bf16 ONNX graphs, which keep a strongly typed TensorRT engine's norms in fp32
+    (``dspark.export``); keep them.
+    """
+
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
