@@ -22,7 +22,7 @@ import torch
 from attrs import define, field, frozen
 
 from dspark.plugins import resolve
-from dspark.protocols import DraftContext
+from dspark.protocols import ContextAwareCostModel, DraftContext
 from dspark.round import speculative_round
 from dspark.types import SamplingParams
 
@@ -150,6 +150,7 @@ class Engine:
         self.drafter = resolve("drafters", drafter) if drafter is not None else None
         self.scheduler = resolve("schedulers", scheduler)
         self.cost_model = resolve("cost_models", cost_model) if cost_model is not None else None
+        self._bound_cost_models: dict[int, Any] = {}  # 16-token context bucket → bound cost model
         self.calibrator = resolve("calibrators", calibrator)
         self.confidence_model = resolve("confidence_models", confidence_model)
         if not getattr(self.scheduler, "lossless", False):
@@ -276,6 +277,7 @@ class Engine:
         ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
                            max_lengths=room, features={"hidden": feats} if drafted else {})
         before = [self.target.cached_length(rid) for rid in rids]
+        cost_model = self._cost_model_at(sum(before) / R, R)  # read at this round's KV context
 
         def verify_fn(tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[Any, torch.Tensor]:
             out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
@@ -283,7 +285,7 @@ class Engine:
 
         res = speculative_round(
             ctx, verify_fn, drafter=self.drafter if drafted else None, confidence_model=self.confidence_model,
-            calibrator=self.calibrator, scheduler=self.scheduler, cost_model=self.cost_model, clock=self.clock)
+            calibrator=self.calibrator, scheduler=self.scheduler, cost_model=cost_model, clock=self.clock)
         block, raw, out = res.block, res.confidence_logits, res.output
         lengths, expected, accepted, committed = res.lengths, res.expected_tokens, res.accepted, res.committed
         gamma, t_draft, t_target = res.gamma, res.draft_seconds, res.verify_seconds
@@ -318,15 +320,29 @@ class Engine:
         seconds = self.clock() - t_round
         self.timings["round"] += seconds
         self.rounds += 1
-        B = (self.cost_model.batch_size(lengths) if self.cost_model is not None
+        B = (cost_model.batch_size(lengths) if cost_model is not None
              else R * (1 + int(lengths.max())))
         if self.draft_gate is not None:
-            self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, self.cost_model,
+            self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model,
                                     draft_seconds=t_draft if drafted else None, gamma=gamma,
                                     expected=float(expected) if drafted else None)
         self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
                                     t_draft, t_target, seconds)
         return outputs
+
+    def _cost_model_at(self, context: float, num_requests: int) -> Any:
+        """The cost model at this round's mean KV context per request (a context-aware model's
+        bound copy, memoised per 16-token bucket; any other model as it is)."""
+        cm = self.cost_model
+        if not isinstance(cm, ContextAwareCostModel):
+            return cm
+        key = int(16 * round(context / 16))
+        bound = self._bound_cost_models.get(key)
+        if bound is None:
+            if len(self._bound_cost_models) >= 256:
+                self._bound_cost_models.clear()
+            bound = self._bound_cost_models[key] = cm.at_context(key, num_requests)
+        return bound
 
     def _truncate(self, r: _Request, new: list[int]) -> list[int]:
         """Cut at the first stop token (kept) and at max_new_tokens; mark the request finished."""

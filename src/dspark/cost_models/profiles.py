@@ -114,7 +114,46 @@ def _notes(_inst: object, _attr: object, value: object) -> None:
 
 
 _REQUIRED_FIELDS = ("device", "model", "dtype", "date", "accounting", "points")
-_OPTIONAL_FIELDS = ("threads", "notes", "batch_overhead")
+_OPTIONAL_FIELDS = ("threads", "notes", "batch_overhead", "context", "contexts")
+
+
+def _optional_context(_inst: object, _attr: object, value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ProfileError(f"context must be an integer >= 0 (tokens of KV cache per request) or absent, got {value!r}")
+
+
+def _to_contexts(value: object) -> tuple[tuple[int, tuple[tuple[Any, Any], ...]], ...]:
+    """[{context, points}] (JSON) or [(context, points)] → ((context, points), ...), points parsed."""
+    out = []
+    for i, entry in enumerate(value or ()):  # type: ignore[union-attr]
+        if isinstance(entry, Mapping):
+            unknown = set(entry) - {"context", "points"}
+            if unknown or "context" not in entry or "points" not in entry:
+                raise ProfileError(f"contexts[{i}] must be {{context, points}}, got fields {sorted(entry)}")
+            ctx, pts = entry["context"], entry["points"]
+        else:
+            try:
+                ctx, pts = entry
+            except (TypeError, ValueError):
+                raise ProfileError(f"contexts[{i}] must be a (context, points) pair") from None
+        try:
+            parsed = _to_points(pts)
+            _check_points(None, None, parsed)
+        except ProfileError as err:
+            raise ProfileError(f"contexts[{i}]: {err}") from None
+        out.append((ctx, parsed))
+    return tuple(out)
+
+
+def _check_contexts(inst: Any, _attr: object, value: tuple[tuple[int, Any], ...]) -> None:
+    if value and inst.context is None:
+        raise ProfileError("contexts needs context: the KV context per request at which points were measured")
+    seen = [] if inst.context is None else [inst.context]
+    for i, (ctx, _pts) in enumerate(value):
+        _optional_context(None, None, ctx)
+        if ctx in seen:
+            raise ProfileError(f"contexts[{i}].context {ctx} is measured twice")
+        seen.append(ctx)
 
 
 def _to_overhead(value: object) -> tuple[tuple[Any, Any], ...]:
@@ -161,6 +200,16 @@ class SPSProfile:
     notes: str = field(default="", validator=_notes)
     batch_overhead: tuple[tuple[int, float], ...] = field(default=(), converter=_to_overhead,
                                                           validator=_check_overhead)
+    # The mean KV context per request (tokens) at which ``points`` were measured, and curves at
+    # other contexts: a step over long contexts reads more KV cache (attention). Absent in
+    # profiles from before: their one curve is used at every context.
+    context: int | None = field(default=None, validator=_optional_context)
+    contexts: tuple[tuple[int, tuple[tuple[int, float], ...]], ...] = field(
+        default=(), converter=_to_contexts, validator=_check_contexts)
+
+    def curves(self) -> tuple[tuple[int | None, tuple[tuple[int, float], ...]], ...]:
+        """Every measured curve as (context, points), sorted by context (one curve: its context may be None)."""
+        return tuple(sorted([(self.context, self.points), *self.contexts], key=lambda c: c[0] or 0))
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -222,6 +271,11 @@ class SPSProfile:
             data["notes"] = self.notes
         if self.batch_overhead:
             data["batch_overhead"] = [{"num_requests": r, "seconds": v} for r, v in self.batch_overhead]
+        if self.context is not None:
+            data["context"] = self.context
+        if self.contexts:
+            data["contexts"] = [{"context": c, "points": [{"batch_size": b, "step_seconds": t} for b, t in pts]}
+                                for c, pts in self.contexts]
         return data
 
     def to_json(self, path: str | os.PathLike[str]) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+import attrs
 import torch
 from attrs import field, frozen
 
@@ -158,6 +159,13 @@ class RooflineCostModel(Accounted):
         if compute_per_token <= kv_per_token:
             return math.inf
         return self.memory_seconds / (compute_per_token - kv_per_token)
+
+    def at_context(self, context: float, num_requests: int | None = None) -> RooflineCostModel:
+        """This model with ``context_length`` = ``context`` (rounded to 16 tokens): the attention
+        term reads that much KV cache per token of B (zero unless ``kv_bytes_per_token`` is set)."""
+        if self.kv_bytes_per_token == 0.0:
+            return self
+        return attrs.evolve(self, context_length=float(16 * round(float(context) / 16)))
 
     def step_seconds(self, batch_size: torch.Tensor) -> torch.Tensor:
         """Seconds per verification step at each B. [K] → [K] float64."""

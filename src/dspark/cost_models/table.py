@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 from attrs.validators import in_
 
 from dspark.cost_models.accounting import Accounted, batch_tensor, check_accounting
@@ -69,7 +69,11 @@ class SPSTableCostModel(Accounted):
     """SPS(B) from a measured profile (a path, a dict or an :class:`SPSProfile`).
 
     ``accounting`` defaults to the profile's; override it only when the engine runs another shape
-    than the one profiled.
+    than the one profiled. ``context`` (tokens of KV cache per request) selects where between the
+    profile's curves measured at different contexts the step times are read: linear in the
+    context between neighbouring curves, the nearest curve below the first, the last segment's
+    slope beyond the last (never below the last curve). ``None``, or a profile with one curve:
+    the profile's own ``points``. :meth:`at_context` returns the model bound to a context.
     """
 
     name: ClassVar[str] = "sps-table"
@@ -78,6 +82,7 @@ class SPSTableCostModel(Accounted):
     interpolation: str = field(default="linear", validator=in_(INTERPOLATIONS))
     extrapolate: str = field(default="linear", validator=in_(EXTRAPOLATIONS))
     accounting: str = field(validator=check_accounting)
+    context: float | None = field(default=None)
     _sizes: torch.Tensor = field(init=False, repr=False, eq=False)  # [P] float64
     _seconds: torch.Tensor = field(init=False, repr=False, eq=False)  # [P] float64
 
@@ -115,10 +120,30 @@ class SPSTableCostModel(Accounted):
         return cls(profile, interpolation=interpolation, extrapolate=extrapolate)
 
     def step_seconds(self, batch_size: torch.Tensor) -> torch.Tensor:
-        """Seconds per verification step at each B. [K] → [K] float64."""
-        return table_step_seconds(
-            batch_size, self._sizes, self._seconds, self.interpolation, self.extrapolate
-        )
+        """Seconds per verification step at each B (at :attr:`context`). [K] → [K] float64."""
+        curves = self.profile.curves()
+        if self.context is None or len(curves) == 1:
+            return table_step_seconds(
+                batch_size, self._sizes, self._seconds, self.interpolation, self.extrapolate
+            )
+        ctxs = [float(c) for c, _ in curves]
+        at = [table_step_seconds(batch_size, torch.tensor([b for b, _ in pts], dtype=torch.float64),
+                                 torch.tensor([t for _, t in pts], dtype=torch.float64),
+                                 self.interpolation, self.extrapolate) for _, pts in curves]  # C × [K]
+        c = float(self.context)
+        if c <= ctxs[0]:
+            return at[0]
+        k = next((i for i in range(1, len(ctxs)) if c <= ctxs[i]), len(ctxs) - 1)
+        w = (c - ctxs[k - 1]) / (ctxs[k] - ctxs[k - 1])  # > 1 beyond the last curve
+        y = at[k - 1] + w * (at[k] - at[k - 1])  # [K]
+        return torch.maximum(y, at[-1]) if c > ctxs[-1] else y
+
+    def at_context(self, context: float, num_requests: int | None = None) -> SPSTableCostModel:
+        """This model read at ``context`` tokens of KV cache per request (rounded to 16 tokens, so
+        that consecutive rounds share one bound model); itself when the profile has one curve."""
+        if len(self.profile.curves()) == 1:
+            return self
+        return evolve(self, context=float(16 * round(float(context) / 16)))
 
     def batch_overhead_seconds(self, num_requests: int) -> float:
         """α(R) from the profile: linear between profiled R, the last value beyond (0 if none)."""

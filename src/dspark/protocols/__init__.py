@@ -6,7 +6,7 @@ checks it at registration (see :mod:`dspark.plugins`).
 
 from dspark.protocols.calibrator import Calibrator
 from dspark.protocols.confidence import ConfidenceModel
-from dspark.protocols.cost_model import CostModel
+from dspark.protocols.cost_model import ContextAwareCostModel, CostModel
 from dspark.protocols.drafter import DraftContext, Drafter
 from dspark.protocols.drafter_kind import DrafterKind
 from dspark.protocols.scheduler import Scheduler
@@ -16,6 +16,7 @@ from dspark.protocols.target import TargetModel, TargetOutput
 __all__ = [
     "Calibrator",
     "ConfidenceModel",
+    "ContextAwareCostModel",
     "CostModel",
     "DraftContext",
     "Drafter",

@@ -38,3 +38,15 @@ class CostModel(Protocol):
         decoding, ℓ = 0).
         """
         ...
+
+
+@runtime_checkable
+class ContextAwareCostModel(Protocol):
+    """A cost model whose step time depends on the KV context the batch attends to.
+
+    ``at_context(context, num_requests)`` returns the model for a batch whose requests hold
+    ``context`` tokens of KV cache on average (an immutable value: the engine asks once per round,
+    models round the context so that consecutive rounds share one bound model).
+    """
+
+    def at_context(self, context: float, num_requests: int | None = None) -> CostModel: ...
