@@ -96,3 +96,23 @@ def test_engine_binds_its_cost_model_to_each_rounds_context():
     contexts = [c for c, _ in seen]
     assert contexts and contexts == sorted(contexts) and contexts[0] == 64 and contexts[-1] >= 96
     assert all(c % 16 == 0 and r == 1 for c, r in seen)
+
+
+def test_profile_from_shapes_keeps_a_curve_per_timed_context():
+    """Synthetic shapes t = bias + α(R) + θ(B) + k·context·B: the main context splits additively, each
+    other context becomes a curve, and the sps-table model reproduces every shape at its context."""
+    from dspark.profiling import profile_from_shapes
+
+    def t(ctx, R, w):
+        B = R * w
+        return 0.01 + 0.002 * (R - 1) + 0.0005 * B + 1e-6 * ctx * B
+
+    times = {(ctx, R, w): t(ctx, R, w) for ctx in (128, 512, 1024) for R in (1, 2, 4) for w in (1, 2, 4)}
+    prof = profile_from_shapes(times, model="tiny", dtype="float32", device="test", repeats=1)
+    assert prof.context == 128 and [c for c, _ in prof.contexts] == [512, 1024]
+    cm = SPSTableCostModel(prof)
+    for (ctx, R, w), want in times.items():
+        got = cm.at_context(ctx).step_seconds(torch.tensor([R * w])).item() + cm.batch_overhead_seconds(R)
+        assert got == pytest.approx(want, rel=1e-6), (ctx, R, w)
+    mid = cm.at_context(768).step_seconds(torch.tensor([8])).item() + cm.batch_overhead_seconds(2)
+    assert mid == pytest.approx(t(768, 2, 4), rel=1e-6)  # linear in the context between curves

@@ -406,7 +406,8 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=_ints, default=[1, 2, 4, 8, 16], help="R values, e.g. 1,2,4,8,16")
     p.add_argument("--widths", type=_ints, default=[1, 2, 4, 8], help="1+ℓ values (tokens per request)")
     p.add_argument("--contexts", type=_ints, default=[128, 512],
-                   help="KV-cache lengths; the first sets the profile's points, all are recorded")
+                   help="KV-cache lengths; the first sets the profile's points and α(R), every other one "
+                   "a curve of the profile's `contexts` (the engine reads the curves at each round's context)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)

@@ -206,10 +206,24 @@ def profile_from_shapes(
         how = "where shapes share B the largest median is kept"
     threads = torch.get_num_threads()
     contexts = sorted({c for c, _, _ in times})
+    others = [(c, _curve_at({(R, w): s for (ctx, R, w), s in times.items() if ctx == c}, overhead))
+              for c in contexts if c != main_ctx]
     return SPSProfile(
         device=device, model=model, dtype=dtype, date=time.strftime("%Y-%m-%d"), accounting="padded",
-        points=points, threads=threads, batch_overhead=overhead,
-        notes=(f"{source}: HFTarget.verify, R x (1 + l) tokens over a {main_ctx}-token context (other "
-               f"contexts timed: {contexts}), median of {repeats} after one warm-up, torch {torch.__version__}, "
+        points=points, threads=threads, batch_overhead=overhead, context=main_ctx, contexts=others,
+        notes=(f"{source}: HFTarget.verify, R x (1 + l) tokens over a {main_ctx}-token context (curves at the "
+               f"other contexts timed: {contexts}), median of {repeats} after one warm-up, torch {torch.__version__}, "
                f"{threads} threads. B = R * (1 + l) padded tokens; {how}."),
     )
+
+
+def _curve_at(shapes: Mapping[tuple[int, int], float], overhead: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points of another context's curve: each shape's median minus the main context's α(R)
+    (the profile records one α), averaged over the shapes that share B = R · (1 + ℓ); without an
+    α, the largest median per B (as the main curve's fallback)."""
+    by_b: dict[int, list[float]] = {}
+    for (R, width), seconds in shapes.items():
+        a = float(np.interp(R, [r for r, _ in overhead], [v for _, v in overhead])) if overhead else 0.0
+        by_b.setdefault(R * width, []).append(seconds - a)
+    pick = (lambda v: sum(v) / len(v)) if overhead else max
+    return [(B, max(pick(v), 1e-6)) for B, v in sorted(by_b.items())]
