@@ -63,6 +63,7 @@ SCHEDULERS = {
     "fixed-1": ("fixed", {"k": 1}),
     "threshold": ("threshold", {"threshold": 0.2}),
     "sps-greedy": ("sps-greedy", {}),
+    "sps-greedy-async": ("sps-greedy", {"lag": 2}),  # the paper's asynchronous variant
     # The draft gate skips drafting in some rounds (plain verification; the drafter catches up on
     # the skipped tokens' features next time): short skips so drafted and skipped rounds mix.
     "sps-greedy+gate": ("sps-greedy", {}),

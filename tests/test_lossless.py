@@ -49,6 +49,7 @@ SCHEDULERS = {
     "threshold-step": lambda: dspark.get_scheduler("threshold", threshold=0.5),
     "threshold-survival": lambda: dspark.get_scheduler("threshold", threshold=0.3, mode="survival"),
     "sps-greedy": lambda: dspark.get_scheduler("sps-greedy"),
+    "sps-greedy-async": lambda: dspark.get_scheduler("sps-greedy", lag=2),
 }
 PARAMS = {
     "T1": SamplingParams(temperature=1.0),

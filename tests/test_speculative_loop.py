@@ -65,6 +65,7 @@ SCHEDULERS = {
     "threshold-survival": ("threshold", {"threshold": 0.2, "mode": "survival"}, 0.5),
     "sps-greedy": ("sps-greedy", {}, 0.5),
     "sps-greedy-confident": ("sps-greedy", {}, 0.9),
+    "sps-greedy-async": ("sps-greedy", {"lag": 2}, 0.9),
 }
 
 _GREEDY_RUNS: dict[tuple[str, str, str], tuple[list[int], object]] = {}

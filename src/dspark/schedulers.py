@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -275,13 +276,33 @@ class SPSGreedyScheduler(SchedulerBase):
 
     At low load SPS is flat and long drafts are verified; at saturation the schedule degrades to
     MTP-1-like (ℓ ≤ 1) or plain decoding (ℓ = 0). Lossless (a stopping rule).
+
+    ``lag`` > 0 is the paper's asynchronous variant, for engines that schedule a step ahead: the
+    verification *budget* K (how many draft tokens the batch verifies) is the one sps-greedy chose
+    from the confidences ``lag`` rounds earlier, and the *allocation* of those K tokens follows
+    the current survivals (the K largest a_{r,j} of this round, ties by position). Lossless too:
+    K does not read this round's confidences, and whether a_{r,j} is among the K largest never
+    depends on a_{r,j+1..} ≤ a_{r,j}. The first ``lag`` rounds (no budget yet) are synchronous.
+    The scheduler then keeps the last ``lag`` budgets: use one instance per engine.
     """
 
     name = "sps-greedy"
     lossless = True
+    lag: int = field(default=0, validator=[validators.instance_of(int), validators.ge(0), validators.le(8)])
+    _budgets: deque = field(init=False, factory=deque, repr=False, eq=False)  # K of the last `lag` rounds
 
     def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
-        return sps_greedy_lengths(c, valid, _require_cost_model(self.name, cost_model))[0]
+        cm = _require_cost_model(self.name, cost_model)
+        if self.lag == 0:
+            return sps_greedy_lengths(c, valid, cm)[0]
+        R, gamma = c.shape
+        order, _tau, _B, theta = _admission_curve(survival(c, valid).double().numpy(), valid.numpy(), cm)
+        rises = theta[1:] > theta[:-1]  # [Rγ]
+        self._budgets.append(int(np.argmin(rises)) if not rises.all() else rises.size)  # this round's K
+        if len(self._budgets) <= self.lag:  # no budget from `lag` rounds ago yet: synchronous
+            return _lengths_from_admitted(order, self._budgets[-1], R, gamma)
+        K = min(self._budgets.popleft(), int(valid.sum()))  # chosen `lag` rounds ago
+        return _lengths_from_admitted(order, K, R, gamma)
 
 
 @frozen
