@@ -245,6 +245,46 @@ def test_simulation_by_hand():
         assert summarise_run(run)["throughput_tok_s"] == pytest.approx(2 * n_tok / run.makespan)
 
 
+def _two_context_model():
+    """10 ms per step at 64 tokens of context, 20 ms at 256, flat in B; linear in between."""
+    from dspark.cost_models import SPSProfile
+
+    base = {"device": "test", "model": "tiny", "dtype": "float32", "date": "2026-11-30", "accounting": "packed"}
+    flat = [{"batch_size": 1, "step_seconds": 0.010}, {"batch_size": 64, "step_seconds": 0.010}]
+    flat2 = [{"batch_size": 1, "step_seconds": 0.020}, {"batch_size": 64, "step_seconds": 0.020}]
+    return dspark.get_cost_model("sps-table", profile=SPSProfile.from_json(
+        {**base, "points": flat, "context": 64, "contexts": [{"context": 256, "points": flat2}]}))
+
+
+@pytest.mark.parametrize("prompt_tokens", [64, 200])
+def test_simulation_reads_the_cost_model_at_each_rounds_context(prompt_tokens):
+    """Plain decoding of one request: round k verifies over prompt + k tokens of context, so it
+    costs t(16 · round((prompt + k) / 16)) with t linear from 10 ms (64) to 20 ms (256)."""
+    n_tok = 40
+    trace = Trace(torch.zeros(3, 2), torch.full((3,), 2), torch.zeros(3, dtype=torch.long), n_tok, prompt_tokens)
+    run = simulate_level([trace], parse_scheduler_spec("plain"), scheduler=None,
+                         calibrator=dspark.get_calibrator("identity"), cost_model=_two_context_model(),
+                         time_model=TimeModel(), concurrency=1, num_requests=1, max_new_tokens=n_tok)
+
+    def t(context: float) -> float:
+        c = 16 * round(context / 16)
+        return 0.010 + 0.010 * (c - 64) / 192
+
+    assert [r.context for r in run.rounds] == [prompt_tokens + k for k in range(n_tok)]
+    assert run.makespan == pytest.approx(sum(t(prompt_tokens + k) for k in range(n_tok)))
+
+
+def test_time_model_scale_compares_each_round_at_its_recorded_context():
+    """Rounds measured at 256 tokens of context took 20 ms: exactly the model there (scale 1);
+    an older record without the context is compared with the model's own curve (10 ms: scale 2)."""
+    cm = _two_context_model()
+    at_256 = [RoundRecord(0.0, 0.02, 1, 0, 0, 1, 0, False, 0.0, 0.020, 256.0)] * 4
+    unknown = [RoundRecord(0.0, 0.02, 1, 0, 0, 1, 0, False, 0.0, 0.020)] * 4
+    level = lambda rounds: LevelRun("plain", 1, "closed", None, 1.0, rounds, [])  # noqa: E731
+    assert fit_time_model([level(at_256)], cm).target_scale == pytest.approx(1.0)
+    assert fit_time_model([level(unknown)], cm).target_scale == pytest.approx(2.0)
+
+
 class SleepTarget(HFTarget):
     """A target whose verification takes a known time: 8 ms + 0.4 ms per padded token."""
 

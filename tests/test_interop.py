@@ -142,6 +142,31 @@ def test_write_interop_and_the_cli(tmp_path):
     assert json.loads((tmp_path / "c/trtllm/sts.json").read_text())["sts_temperatures"]  # the shipped STS
 
 
+LONG = [(1, 0.012), (8, 0.020), (64, 0.120), (512, 0.900)]  # the same target over 1024 tokens of KV
+
+
+def test_interop_files_are_written_at_the_serving_context(tmp_path):
+    """The engines' files have no context axis: a profile with curves at 64 and 1024 tokens is
+    written at the context asked for (the curve itself there, linear in between), and the
+    fixed lengths are chosen with the cost model read there (costlier tokens: shorter drafts)."""
+    prof = SPSProfile(device="test", model="m", dtype="bfloat16", date="2026-11-30", accounting="padded",
+                      points=PROFILE.points, context=64, contexts=[(1024, LONG)])
+    at_long = trtllm_sps_table(prof, gamma=7, context=1024)
+    assert at_long["step_time_ms"] == pytest.approx([12, 20, 120, 900]) and at_long["_meta"]["context_tokens"] == 1024
+    mid = trtllm_sps_table(prof, context=544)  # halfway
+    assert mid["step_time_ms"] == pytest.approx([11, 15.5, 75, 550])
+    assert trtllm_sps_table(prof)["step_time_ms"] == pytest.approx([10, 11, 30, 200])  # default: its own context
+    s = [0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07]
+    for ctx in (64, 1024):
+        write_interop(tmp_path / str(ctx), gamma=7, model="d", profile=prof, survival=s, context=ctx)
+    short, long = ({int(k): v for k, v in json.loads((tmp_path / f"{c}/best_fixed_lengths.json").read_text())
+                    ["lengths"].items()} for c in (64, 1024))
+    cm = dspark.get_cost_model("sps-table", profile=prof)
+    assert long == best_fixed_lengths(s, cm.at_context(1024), sorted(long))
+    assert all(long[R] <= short[R] for R in short) and long != short
+    assert json.loads((tmp_path / "1024/trtllm/sps_table.json").read_text())["_meta"]["context_tokens"] == 1024
+
+
 def test_profile_from_shapes_splits_request_overhead_from_token_cost(tmp_path):
     """One request verifying 8 tokens and 8 requests verifying one share B = 8 but not their cost:
     the profile keeps bias + θ(B) as points and α(R) as batch_overhead, and reproduces every shape."""

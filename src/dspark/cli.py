@@ -536,6 +536,8 @@ def _interop_args(p: argparse.ArgumentParser) -> None:
                    "dspark bench OUT/traces.json) for the acceptance survival")
     p.add_argument("--bench", help="bench.json of a measured dspark bench: its fitted drafting time")
     p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--context", type=int, help="serving KV context per request (tokens) the cost table and draft "
+                   "lengths are written at; the engines' files have no context axis (default: the profile's own)")
     p.add_argument("--served-model", default="path/to/dspark-drafter", help="the drafter path written into vLLM's config")
 
 
@@ -570,7 +572,7 @@ def _interop(args: argparse.Namespace) -> int:
         draft = TimeModel.from_dict(json.loads(Path(args.bench).read_text()).get("time_model") or {}).draft_seconds
     for line in write_interop(args.out, gamma=gamma, model=args.served_model, calibrator=calibrator, profile=profile,
                               shapes=shapes, survival=survival, draft_seconds=draft,
-                              max_batch_size=args.max_batch_size):
+                              max_batch_size=args.max_batch_size, context=args.context):
         print(line)
     return 0
 

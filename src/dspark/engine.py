@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from attrs import define, field, frozen
 
+from dspark.cost_models.context import ContextBinding
 from dspark.plugins import resolve
-from dspark.protocols import ContextAwareCostModel, DraftContext
+from dspark.protocols import DraftContext
 from dspark.round import speculative_round
 from dspark.types import SamplingParams
 
@@ -85,6 +86,7 @@ class RoundInfo:
     draft_seconds: float  # drafter + confidence + calibration + schedule
     target_seconds: float
     seconds: float
+    context: float = 0.0  # mean KV context per request the round verified over (tokens)
 
 
 @frozen
@@ -150,7 +152,7 @@ class Engine:
         self.drafter = resolve("drafters", drafter) if drafter is not None else None
         self.scheduler = resolve("schedulers", scheduler)
         self.cost_model = resolve("cost_models", cost_model) if cost_model is not None else None
-        self._bound_cost_models: dict[int, Any] = {}  # 16-token context bucket → bound cost model
+        self._cost_model_at = ContextBinding(self.cost_model)  # read at each round's KV context
         self.calibrator = resolve("calibrators", calibrator)
         self.confidence_model = resolve("confidence_models", confidence_model)
         if not getattr(self.scheduler, "lossless", False):
@@ -327,22 +329,8 @@ class Engine:
                                     draft_seconds=t_draft if drafted else None, gamma=gamma,
                                     expected=float(expected) if drafted else None)
         self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
-                                    t_draft, t_target, seconds)
+                                    t_draft, t_target, seconds, sum(before) / R)
         return outputs
-
-    def _cost_model_at(self, context: float, num_requests: int) -> Any:
-        """The cost model at this round's mean KV context per request (a context-aware model's
-        bound copy, memoised per 16-token bucket; any other model as it is)."""
-        cm = self.cost_model
-        if not isinstance(cm, ContextAwareCostModel):
-            return cm
-        key = int(16 * round(context / 16))
-        bound = self._bound_cost_models.get(key)
-        if bound is None:
-            if len(self._bound_cost_models) >= 256:
-                self._bound_cost_models.clear()
-            bound = self._bound_cost_models[key] = cm.at_context(key, num_requests)
-        return bound
 
     def _truncate(self, r: _Request, new: list[int]) -> list[int]:
         """Cut at the first stop token (kept) and at max_new_tokens; mark the request finished."""

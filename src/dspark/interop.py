@@ -16,6 +16,12 @@ Established from the engines' public sources (docs/serving.md lists them):
 
 The fixed-length schedules come from :func:`best_fixed_lengths`: for each batch size R the k that
 maximises R · (1 + Σ_{j≤k} s_j) / (t_draft(R)·[k > 0] + t(B(R, k))), s_j = P(accepted ≥ j).
+
+Neither engine's file has a context axis, while the verification step costs more over a longer KV
+context. So a profile measured at several contexts is written *at the serving context*
+(``context``: the mean KV length per request the deployment expects, e.g. prompt + half the
+output), recorded in ``_meta.context_tokens``; the fixed lengths are chosen with the cost model
+read there.
 """
 
 from __future__ import annotations
@@ -82,13 +88,31 @@ def check_trtllm_sts(d: Mapping[str, Any]) -> None:
 
 
 def trtllm_sps_table(profile: Any, shapes: Mapping[tuple[int, int], float] | None = None,
-                     gamma: int | None = None) -> dict[str, Any]:
+                     gamma: int | None = None, context: float | None = None) -> dict[str, Any]:
     """An :class:`dspark.cost_models.SPSProfile` (and, when known, its per-shape timings) →
     ``confidence_sps_table_path`` JSON. With shapes: the decomposed encoding (θ, bias, α). With
     only the profile's points: whole-step times at each B and no overhead fields (TensorRT-LLM
-    reads that as already including the step floor)."""
+    reads that as already including the step floor).
+
+    ``context``: write the table at that KV context (module docstring). A profile with curves at
+    several contexts is then read there (whole-step form: the per-shape timings belong to the
+    profile's main context); a one-curve profile is written as measured, at its own context."""
+    from dspark.cost_models import SPSTableCostModel
+
     meta = {"lookup": "interp", "source": "dspark", "device": profile.device, "model": profile.model,
-            "dtype": profile.dtype, "date": profile.date, "accounting": profile.accounting}
+            "dtype": profile.dtype, "date": profile.date, "accounting": profile.accounting,
+            "context_tokens": profile.context}
+    if context is not None and len(profile.curves()) > 1:
+        bound = SPSTableCostModel(profile).at_context(context)
+        sizes = [int(b) for b, _ in profile.points]
+        seconds = bound.step_seconds(torch.tensor(sizes)).tolist()
+        out = {"token_counts": sizes, "step_time_ms": [1e3 * float(t) for t in seconds],
+               "_meta": {**meta, "context_tokens": bound.context,
+                         "encoding": "whole-step: step_time_ms already includes the per-step floor"}}
+        if gamma:
+            out["_meta"]["recommended_confidence_verify_len_tiers"] = sorted({1, math.ceil(gamma / 2), gamma})
+        check_trtllm_sps_table(out)
+        return out
     if gamma:
         meta["recommended_confidence_verify_len_tiers"] = sorted({1, math.ceil(gamma / 2), gamma})
     if shapes:
@@ -260,10 +284,11 @@ def write_interop(
     out: Any, *, gamma: int, model: str, calibrator: Any = None, profile: Any = None,
     shapes: Mapping[tuple[int, int], float] | None = None, survival: Sequence[float] | None = None,
     draft_seconds: Callable[[int], float] | None = None, batch_sizes: Sequence[int] = (),
-    max_batch_size: int = 256,
+    max_batch_size: int = 256, context: float | None = None,
 ) -> list[str]:
     """Write every format the inputs allow under ``out`` (trtllm/, vllm/); returns what was
-    written and why anything was left out, one line each."""
+    written and why anything was left out, one line each. ``context``: the serving KV context the
+    cost tables and fixed lengths are written at (module docstring)."""
     import json
     from pathlib import Path
 
@@ -287,10 +312,10 @@ def write_interop(
         notes.append("no STS calibration: trtllm/sts.json not written")
     if profile is not None:
         try:
-            table = trtllm_sps_table(profile, shapes, gamma)
+            table = trtllm_sps_table(profile, shapes, gamma, context)
         except ProfileFitError as err:  # shapes that cannot be split: the whole-step form
             notes.append(f"per-shape timings not decomposable ({err}); whole-step table written")
-            table = trtllm_sps_table(profile, None, gamma)
+            table = trtllm_sps_table(profile, None, gamma, context)
         dump("trtllm/sps_table.json", table)
     else:
         notes.append("no cost profile: trtllm/sps_table.json not written")
@@ -301,6 +326,7 @@ def write_interop(
         from dspark.cost_models import SPSTableCostModel
 
         cm = SPSTableCostModel(profile)
+        cm = cm.at_context(context) if context is not None else cm
         sizes = sorted(set(batch_sizes) | {1, 2, 4, 8, 16, 32, 64, 128, max_batch_size})
         lengths = best_fixed_lengths(survival, cm, [b for b in sizes if b <= max_batch_size],
                                      draft_seconds or _no_draft_time)
@@ -308,7 +334,8 @@ def write_interop(
              {"speculative_config": {"decoding_type": "DSpark", **draft_len_schedule(lengths)}})
         dump("vllm/speculative_config.per_batch_size.json",
              vllm_speculative_config(gamma, model, vllm_per_batch_size(lengths, max_batch_size)))
-        dump("best_fixed_lengths.json", {"survival": list(survival), "lengths": lengths})
+        dump("best_fixed_lengths.json", {"survival": list(survival), "lengths": lengths,
+                                         "context_tokens": getattr(cm, "context", None) or profile.context})
     else:
         notes.append("no acceptance survival or profile: per-batch-size draft lengths not written")
     return notes

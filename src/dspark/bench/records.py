@@ -33,6 +33,7 @@ class RoundRecord:
     drafted: bool
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
+    context: float = 0.0  # mean KV context per request (tokens); 0: not recorded (older runs)
 
 
 @define

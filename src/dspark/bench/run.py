@@ -262,7 +262,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
             rounds = collect_rounds(target, drafter, prompts, sampling, max_new_tokens=opts.max_new_tokens,
                                     concurrency=16, scheduler="full", seed=opts.seed, progress=not opts.quiet)
             save_json(rounds.to_dict(), trace_path)
-        traces = traces_from_rounds(rounds, opts.max_new_tokens)
+        traces = traces_from_rounds(rounds, opts.max_new_tokens, [len(x) for x in ids])
         sim_cost, sim_desc = _sim_cost_model(opts, cost)
         if runs and opts.sim_cost_model == "profile":
             time_model = fit_time_model(runs, cost)
@@ -301,7 +301,8 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         result["interop"] = write_interop(
             out / "interop", gamma=gamma, model=opts.drafter, calibrator=calibrator, profile=profile,
             shapes=load_shapes(shapes_path) if shapes_path.is_file() else None, survival=survival_from_rounds(rounds),
-            draft_seconds=time_model.draft_seconds if runs else None, batch_sizes=opts.concurrency)
+            draft_seconds=time_model.draft_seconds if runs else None, batch_sizes=opts.concurrency,
+            context=context)
     save_json(result, out / "bench.json")
     markdown = bench_markdown(result)
     (out / "bench.md").write_text(markdown)

@@ -125,7 +125,7 @@ def run_level(
         info = engine.last_round
         rounds.append(RoundRecord(t0, t1 - t0, info.num_requests, sum(info.lengths), max(info.lengths),
                                   info.batch_size, sum(info.accepted), info.drafted, info.draft_seconds,
-                                  info.target_seconds))
+                                  info.target_seconds, info.context))
         for o in outputs:
             rec = active[o.request_id]
             rec.rounds += 1

@@ -7,7 +7,9 @@ truncating verification is a stopping rule, a schedule that verifies ℓ of them
 min(accepted, ℓ) — exact for that round. The simulator treats a request's rounds as a stream it
 replays in order (cycling when a shorter schedule needs more rounds than were recorded), and
 runs the same loop as the engine: admission (closed loop or Poisson), calibrate → schedule with
-the cost model → commit, the optional draft gate, and time advanced by a :class:`TimeModel`.
+the cost model read at the round's KV context (prompt + tokens generated so far, averaged over the
+batch, as the engine reads it) → commit, the optional draft gate, and time advanced by a
+:class:`TimeModel`.
 
 What it does not model: how a shorter schedule changes *which* later rounds happen (replayed
 rounds are treated as exchangeable), and target work beyond the cost model's step time.
@@ -27,6 +29,7 @@ from attrs import define, frozen
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 from dspark.bench.runner import SchedulerSpec, arrival_times
 from dspark.cost_models import round_seconds
+from dspark.cost_models.context import ContextBinding
 from dspark.schedulers import build_schedule
 
 __all__ = ["Trace", "TimeModel", "traces_from_rounds", "fit_time_model", "simulate_level"]
@@ -40,11 +43,13 @@ class Trace:
     proposed: torch.Tensor  # [n]
     accepted: torch.Tensor  # [n] under full verification
     tokens: int  # output tokens the request produced: Σ (accepted + 1), its length budget
-    prompt_tokens: int = 64
+    prompt_tokens: int = 64  # the prompt's length: where the request's KV context starts
 
 
-def traces_from_rounds(rounds: Any, max_new_tokens: int | None = None) -> list[Trace]:
-    """Split a :class:`dspark.evaluation.Rounds` record into per-prompt traces (round order kept)."""
+def traces_from_rounds(rounds: Any, max_new_tokens: int | None = None,
+                       prompt_tokens: Sequence[int] | None = None) -> list[Trace]:
+    """Split a :class:`dspark.evaluation.Rounds` record into per-prompt traces (round order kept);
+    ``prompt_tokens[p]`` is prompt p's length (the start of its KV context; default 64)."""
     by_prompt: dict[int, list[int]] = {}
     for i, p in enumerate(rounds.prompt):
         by_prompt.setdefault(p, []).append(i)
@@ -55,7 +60,8 @@ def traces_from_rounds(rounds: Any, max_new_tokens: int | None = None) -> list[T
         tokens = int((acc + 1).sum())
         if max_new_tokens is not None:
             tokens = min(tokens, max_new_tokens)
-        traces.append(Trace(rounds.confidence_logits[ix], rounds.proposed[ix], acc, tokens))
+        length = 64 if prompt_tokens is None else int(prompt_tokens[p])
+        traces.append(Trace(rounds.confidence_logits[ix], rounds.proposed[ix], acc, tokens, length))
     if not traces:
         raise ValueError("the rounds record holds no drafting rounds")
     return traces
@@ -113,7 +119,8 @@ class TimeModel:
 def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeModel:
     """Fit the drafting time, the engine overhead (round − draft − target), the prefill time and
     (with ``cost_model``) the ratio of measured verification time to the model's from measured
-    runs, so that a simulation on the same machine adds what the cost model lacks."""
+    runs, so that a simulation on the same machine adds what the cost model lacks. Each round is
+    modelled at the KV context it recorded (older records without one: at the model's own)."""
     rounds = [r for run in runs for r in run.rounds]
     drafted = [r for r in rounds if r.drafted]
     plain = [r for r in rounds if not r.drafted]
@@ -125,7 +132,9 @@ def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeMode
 
     scale = 1.0
     if cost_model is not None and rounds:
-        modelled = sum(round_seconds(cost_model, r.batch_size, r.num_requests) for r in rounds)
+        at = ContextBinding(cost_model)
+        modelled = sum(round_seconds(at(r.context, r.num_requests) if r.context else cost_model,
+                                     r.batch_size, r.num_requests) for r in rounds)
         scale = float(sum(r.target_seconds for r in rounds) / modelled)
     return TimeModel(_affine([r.num_requests for r in drafted], [r.draft_seconds for r in drafted]),
                      overhead(drafted), overhead(plain), float(np.median(prefill)) if prefill else 0.0,
@@ -166,6 +175,7 @@ def simulate_level(
     done: list[RequestRecord] = []
     rounds: list[RoundRecord] = []
     clock = 0.0
+    cost_model_at = ContextBinding(cost_model)
     while pending or active:
         while pending and len(active) < concurrency and arrivals[pending[0]] <= clock:
             i = pending.popleft()
@@ -178,6 +188,8 @@ def simulate_level(
             clock = max(clock, arrivals[pending[0]])
             continue
         R = len(active)
+        context = sum(q.trace.prompt_tokens + q.record.new_tokens for q in active) / R
+        cm = cost_model_at(context, R)  # the round's KV context, as the engine reads it
         drafted = not spec.plain and (draft_gate is None or draft_gate.should_draft([q.record.request_id for q in active]))
         draft_s = 0.0
         if drafted:
@@ -188,23 +200,23 @@ def simulate_level(
             room = torch.tensor([q.budget - q.record.new_tokens - 1 for q in active]).clamp_min(0)  # [R]
             proposed = torch.tensor([int(q.trace.proposed[q.cursor % n]) for q, n in zip(active, rows)])
             valid = torch.minimum(torch.minimum(proposed, room), torch.tensor(gamma))  # [R]
-            plan = build_schedule(scheduler, calibrator.calibrate(z), valid, cost_model)
+            plan = build_schedule(scheduler, calibrator.calibrate(z), valid, cm)
             lengths = plan.lengths  # [R]
             accepted = torch.minimum(full_acc, lengths)  # [R]
-            draft_s = time_model.draft_seconds(R, gamma, cost_model)
+            draft_s = time_model.draft_seconds(R, gamma, cm)
             for q in active:
                 q.cursor += 1
         else:
             lengths = torch.zeros(R, dtype=torch.long)
             accepted = torch.zeros(R, dtype=torch.long)
-        B = cost_model.batch_size(lengths)
-        target_s = time_model.target_scale * round_seconds(cost_model, int(B), R)
+        B = cm.batch_size(lengths)
+        target_s = time_model.target_scale * round_seconds(cm, int(B), R)
         seconds = draft_s + target_s + time_model.overhead(R, drafted)
         rounds.append(RoundRecord(clock, seconds, R, int(lengths.sum()), int(lengths.max()), int(B),
-                                  int(accepted.sum()), drafted, draft_s, target_s))
+                                  int(accepted.sum()), drafted, draft_s, target_s, context))
         clock += seconds
         if draft_gate is not None:
-            draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model,
+            draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cm,
                                draft_seconds=draft_s if drafted else None, gamma=gamma if drafted else 0,
                                expected=float(plan.expected_tokens) if drafted else None)
         still = []
