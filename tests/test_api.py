@@ -67,6 +67,20 @@ def test_build_data_and_train(tiny):
     assert json.loads((root / "run" / "train.json").read_text())["sequences"] == run.summary["sequences"]
 
 
+def test_build_data_stops_at_max_tokens_and_resumes_to_a_larger_budget(tiny):
+    """Every response here is 8 tokens: a 20-token budget takes 3 responses, a re-run with the
+    same budget none, a 40-token budget 2 more; the token counts are those in the file."""
+    root, target, _, _ = tiny
+    base = dict(out=root / "budget", prompts=[root / "prompts.jsonl"], no_builtin=True, model=target, dtype="float32",
+                temperature=0, max_new_tokens=8, concurrency=2, eval_fraction=0.3, quiet=True)
+    first = dspark.build_data(**base, max_tokens=20)
+    lines = lambda: [json.loads(x) for x in first.train_path.read_text().splitlines()]  # noqa: E731
+    assert (first.written, first.tokens, first.total_tokens) == (3, 24, 24) and len(lines()) == 3
+    assert (dspark.build_data(**base, max_tokens=20).written, len(lines())) == (0, 3)
+    more = dspark.build_data(**base, max_tokens=40)
+    assert (more.written, more.total_tokens) == (2, sum(len(r["response_ids"]) for r in lines())) == (2, 40)
+
+
 def test_evaluate_and_calibrate(tiny):
     root, target, data, run = tiny
     ev = dspark.evaluate(drafters=[f"tiny={run.checkpoint}", "ngram"], temperatures=[0], prompts=data.eval_prompts_path,

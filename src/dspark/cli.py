@@ -249,6 +249,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=0,
+                   help="stop once train.jsonl holds this many response tokens, earlier runs included (0: answer "
+                   "every prompt); prompts run in key order, so the sample stays balanced across domains")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
 
@@ -258,7 +261,8 @@ def _data(args: argparse.Namespace) -> int:
     from dspark.data.build import DataOptions, build_data
 
     data = build_data(DataOptions.from_namespace(args))
-    print(f"wrote {data.written} responses ({data.tokens} tokens) to {data.train_path}", file=sys.stderr)
+    print(f"wrote {data.written} responses ({data.tokens} tokens) to {data.train_path}; "
+          f"it holds {data.total_tokens} response tokens", file=sys.stderr)
     return 0
 
 

@@ -55,6 +55,7 @@ class DataOptions(NamespaceOptions):
     top_p: float = field(default=0.95, validator=unit_interval(open_low=True))
     max_new_tokens: int = field(default=128, validator=at_least(1))
     concurrency: int = field(default=32, validator=at_least(1))
+    max_tokens: int = field(default=0, validator=at_least(0))  # 0: answer every prompt
     seed: int = 0
     quiet: bool = False
 
@@ -79,6 +80,7 @@ class DataResult:
     held_out: int  # prompts written to eval_prompts.jsonl
     written: int  # responses written by this call
     tokens: int  # response tokens written by this call
+    total_tokens: int = 0  # response tokens train.jsonl holds now (earlier runs included)
 
     @property
     def train_path(self) -> Path:
@@ -157,6 +159,7 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
     write_prompts(out / "eval_prompts.jsonl", held)
     data = out / "train.jsonl"
     done = done_keys(data)
+    had = _response_tokens(data)
     # In key (sha1) order: domains and sources interleave, so an interrupted run holds a balanced sample.
     todo = sorted((p for p in train if p.key not in done), key=lambda p: p.key)
     print(f"{len(train)} training prompts ({len(done)} already done), {len(held)} held out "
@@ -169,12 +172,26 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
             "per_domain": opts.per_domain, "prompt_files": list(opts.prompts),
             "code_modules": modules or "stdlib", "source": source, "followups_from": followups_from}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    n_tok = 0
+    n_tok = written = 0
+    if opts.max_tokens and had >= opts.max_tokens:
+        todo = []
+        print(f"{data} already holds {had:,} response tokens (--max-tokens {opts.max_tokens:,})", file=sys.stderr)
     with data.open("a", encoding="utf-8") as fh:
         for rec in generate_records(engine, todo, sampling, max_new_tokens=opts.max_new_tokens,
                                     concurrency=opts.concurrency, progress=not opts.quiet):
             fh.write(json.dumps(rec.to_dict()) + "\n")
             fh.flush()  # an interrupted run keeps every finished response
             n_tok += len(rec.response_ids)
+            written += 1
+            if opts.max_tokens and had + n_tok >= opts.max_tokens:
+                break  # enough: the prompts left are the same kind (key order interleaves them)
     return DataResult(out, train_prompts=len(train), already_done=len(done), held_out=len(held),
-                      written=len(todo), tokens=n_tok)
+                      written=written, tokens=n_tok, total_tokens=had + n_tok)
+
+
+def _response_tokens(path: Path) -> int:
+    """Response tokens in a train.jsonl (0 when it does not exist yet)."""
+    if not path.is_file():
+        return 0
+    with path.open(encoding="utf-8") as fh:
+        return sum(len(json.loads(line)["response_ids"]) for line in fh if line.strip())
