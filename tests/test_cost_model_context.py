@@ -1,13 +1,18 @@
 """Cost models over (tokens, KV context): profiles with curves at several contexts, the roofline's
-KV-read term, and the engine binding its cost model to each round's context."""
+KV-read term (R · context · KV bytes for a bound model), the binding memoised by (context, R), and
+the engine and the simulator binding their cost model to each round's context."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 import dspark
+from dspark.bench import TimeModel, Trace, parse_scheduler_spec, simulate_level
 from dspark.cost_models import ProfileError, RooflineCostModel, SPSProfile, SPSTableCostModel
+from dspark.cost_models.context import ContextBinding
 from dspark.protocols import ContextAwareCostModel
 from dspark.targets import HFTarget
 from helpers import greedy_decode, tiny_causal_lm
@@ -68,6 +73,116 @@ def test_roofline_kv_term_grows_with_context():
     assert t1 - t0 == pytest.approx(16 * 1024 * 1e5 / 1e12)
 
 
+def _kv_roofline(**options) -> RooflineCostModel:
+    # 1e9 params × 2 bytes = 2e9 bytes of weights at 1e12 B/s; 1e5 KV bytes per token of context.
+    return RooflineCostModel(num_params=1e9, memory_bandwidth=1e12, peak_flops=1e15, kv_bytes_per_token=1e5,
+                             **options)
+
+
+def test_bound_roofline_reads_each_requests_kv_cache_once():
+    """R requests over 1024 tokens each: the step reads the weights and R · 1024 · 1e5 KV bytes,
+    whatever B (memory-bound here: B · 2e9 / 1e15 ≤ 1.3e-4 s)."""
+    bound = _kv_roofline().at_context(1024, 8)
+    assert (bound.context_length, bound.num_requests) == (1024.0, 8)
+    B = torch.tensor([8, 16, 32, 64])
+    want = (2e9 + 8 * 1024 * 1e5) / 1e12  # 2.8192 ms
+    torch.testing.assert_close(bound.step_seconds(B), torch.full((4,), want, dtype=torch.float64))
+    other = _kv_roofline().at_context(1024, 2).step_seconds(B)
+    torch.testing.assert_close(other, torch.full((4,), (2e9 + 2 * 1024 * 1e5) / 1e12, dtype=torch.float64))
+
+
+def test_unbound_roofline_charges_every_token_its_context():
+    """Without R the KV read is B · context · KV bytes: an upper bound, exact when B = R."""
+    unbound = _kv_roofline().at_context(1024)
+    assert unbound.num_requests is None
+    B = torch.tensor([1, 8, 64])
+    want = torch.tensor([(2e9 + b * 1024 * 1e5) / 1e12 for b in (1, 8, 64)], dtype=torch.float64)
+    torch.testing.assert_close(unbound.step_seconds(B), want)
+    bound = _kv_roofline().at_context(1024, 8)
+    assert bound.step_seconds(torch.tensor([8])).item() == pytest.approx(unbound.step_seconds(torch.tensor([8])).item())
+    assert bound.step_seconds(torch.tensor([64])).item() < unbound.step_seconds(torch.tensor([64])).item()
+
+
+def test_bound_roofline_knee():
+    """Compute 2e9 FLOP/token at 1e14 FLOP/s = 2e-5 s; memory (2e9 + 4 · 1024 · 1e5) / 1e12 s: the
+    knee is where B · 2e-5 meets it, flat below and linear above."""
+    roof = RooflineCostModel(num_params=1e9, memory_bandwidth=1e12, peak_flops=1e14, kv_bytes_per_token=1e5)
+    bound = roof.at_context(1024, 4)
+    memory = (2e9 + 4 * 1024 * 1e5) / 1e12
+    knee = memory / 2e-5  # 120.48
+    assert bound.knee_batch_size == pytest.approx(knee)
+    torch.testing.assert_close(bound.step_seconds(torch.tensor([1.0, knee, 2 * knee])),
+                               torch.tensor([memory, memory, 2 * memory], dtype=torch.float64))
+    # Unbound, 1e3 KV bytes per token: memory W + B · 1024 · 1e3 meets compute B · 2e-5 at
+    # B = 2e-3 / (2e-5 - 1.024e-6); with 1e5 bytes per token the KV term outgrows compute: no knee.
+    small = RooflineCostModel(num_params=1e9, memory_bandwidth=1e12, peak_flops=1e14, kv_bytes_per_token=1e3)
+    assert small.at_context(1024).knee_batch_size == pytest.approx(2e-3 / (2e-5 - 1.024e-6))
+    assert roof.at_context(1024).knee_batch_size == math.inf
+    assert roof.at_context(1024, 4).knee_batch_size < math.inf
+
+
+class Counting:
+    """A context-aware cost model that counts its bindings and binds a roofline."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.name, self.accounting = "counting", "packed"
+
+    def at_context(self, context, num_requests=None):
+        self.calls.append((context, num_requests))
+        return _kv_roofline().at_context(context, num_requests)
+
+
+def test_context_binding_memoises_by_context_bucket_and_requests():
+    cm = Counting()
+    bind = ContextBinding(cm)
+    a = bind(100, 4)  # bucket 96 (100 / 16 = 6.25 → 6)
+    assert bind(98.5, 4) is a and cm.calls == [(96, 4)]  # same bucket, same R: memoised
+    b = bind(100, 8)
+    assert b is not a and cm.calls == [(96, 4), (96, 8)]  # same bucket, other R: bound again
+    assert (a.num_requests, b.num_requests) == (4, 8) and a.context_length == b.context_length == 96.0
+    assert b.step_seconds(torch.tensor([8])).item() > a.step_seconds(torch.tensor([8])).item()
+    bind(120, 4)
+    assert cm.calls[-1] == (128, 4)
+    small = ContextBinding(Counting(), max_entries=2)
+    small(16, 1), small(16, 2), small(16, 3)  # the third clears the full memo
+    assert len(small._bound) == 1
+    plain = SPSTableCostModel.from_points({1: 0.01, 8: 0.02})
+    assert ContextBinding(None)(64, 1) is None and ContextBinding(object)(64, 1) is object
+    assert ContextBinding(plain)(64, 3) is plain  # one curve: the same model at every (context, R)
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_simulated_plain_decoding_pays_the_kv_term_of_its_prompts(concurrency):
+    """Plain decoding with a bound H200 roofline for Llama-3.1-8B: round k of R requests reads the
+    weights once and R · c_k · 131072 KV bytes, c_k the mean context rounded to 16 tokens; longer
+    prompts are slower by exactly that term."""
+    n_tok = 24
+    weights = 8_030_261_248 * 2
+    kv = 2 * 32 * 8 * 128 * 2  # K and V × layers × KV heads × head_dim × bf16
+    cm = dspark.get_cost_model("roofline", gpu="h200", target="llama-3.1-8b")
+
+    def makespan(prompt_tokens: int) -> float:
+        trace = Trace(torch.zeros(3, 2), torch.full((3,), 2), torch.zeros(3, dtype=torch.long), n_tok, prompt_tokens)
+        run = simulate_level([trace], parse_scheduler_spec("plain"), scheduler=None,
+                             calibrator=dspark.get_calibrator("identity"), cost_model=cm, time_model=TimeModel(),
+                             concurrency=concurrency, num_requests=concurrency, max_new_tokens=n_tok)
+        assert [r.num_requests for r in run.rounds] == [concurrency] * n_tok
+        assert [r.context for r in run.rounds] == [prompt_tokens + k for k in range(n_tok)]
+        return run.makespan
+
+    def context(prompt_tokens: int, k: int) -> int:
+        return 16 * round((prompt_tokens + k) / 16)
+
+    R = concurrency
+    for prompt in (64, 8000):
+        want = sum((weights + R * context(prompt, k) * kv) / 4.8e12 for k in range(n_tok))
+        assert makespan(prompt) == pytest.approx(want, rel=1e-12)
+    extra = sum(R * (context(8000, k) - context(64, k)) * kv / 4.8e12 for k in range(n_tok))
+    assert makespan(8000) - makespan(64) == pytest.approx(extra, rel=1e-9)
+    assert extra > 0.06 * makespan(64)  # 8000 tokens of bf16 KV: 1 GB a request against 16 GB of weights
+
+
 class Spy:
     """A context-aware cost model that records every context it is bound to."""
 
@@ -116,3 +231,22 @@ def test_profile_from_shapes_keeps_a_curve_per_timed_context():
         assert got == pytest.approx(want, rel=1e-6), (ctx, R, w)
     mid = cm.at_context(768).step_seconds(torch.tensor([8])).item() + cm.batch_overhead_seconds(2)
     assert mid == pytest.approx(t(768, 2, 4), rel=1e-6)  # linear in the context between curves
+
+
+def test_bench_sim_target_takes_the_shapes_parameters_and_kv_bytes():
+    from dspark.bench.run import BenchOptions, _sim_cost_model
+    from dspark.cli import build_parser
+
+    opts = BenchOptions(sim_cost_model="h200", sim_target="llama-3.1-8b", sim_params=1e9)
+    cm, desc = _sim_cost_model(opts, None)
+    assert cm.num_params == 8_030_261_248 and cm.kv_bytes_per_token == 131072.0 and cm.accounting == "packed"
+    assert "llama-3.1-8b" in desc and "--sim-params ignored" in desc and "R · context · KV bytes" in desc
+    old, old_desc = _sim_cost_model(BenchOptions(sim_cost_model="h200", sim_params=8e9), None)
+    assert old.num_params == 8e9 and old.kv_bytes_per_token == 0.0  # without --sim-target: as before
+    assert old_desc == "roofline h200 (8e+09 params, 0.0 ms launch overhead, packed)"
+    argv = ["bench", "--sim-cost-model", "h100", "--sim-target", "qwen3-8b"]
+    assert BenchOptions.from_namespace(build_parser().parse_args(argv)).sim_target == "qwen3-8b"
+    with pytest.raises(ValueError, match="unknown target shape 'gpt-9'"):
+        BenchOptions(sim_cost_model="h200", sim_target="gpt-9")
+    with pytest.raises(ValueError, match="--sim-target needs a roofline preset"):
+        BenchOptions(sim_target="llama-3.1-8b")

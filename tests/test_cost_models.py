@@ -10,14 +10,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dspark
 from dspark.cost_models import (
     GPU_PRESETS,
+    TARGET_SHAPES,
     GPUSpec,
     ProfileError,
     RooflineCostModel,
     SPSProfile,
     SPSTableCostModel,
     default_profile_path,
+    kv_bytes_per_token,
+    kv_bytes_per_token_from_config,
 )
 from dspark.protocols import CostModel
 from helpers import tiny_causal_lm
@@ -446,6 +450,82 @@ def test_for_gpu_and_unknown_preset():
     assert model.launch_overhead_s == 1e-4
     with pytest.raises(ValueError, match=r"unknown GPU preset 'v100'; known: a100, h100, h200"):
         RooflineCostModel.for_gpu("v100", num_params=1e9)
+
+
+# Target shapes: KV bytes per token = 2 (K and V) × layers × KV heads × head_dim × bytes/element.
+
+
+def test_kv_bytes_per_token_of_llama_3_1_8b_and_smollm2():
+    assert kv_bytes_per_token(32, 8, 128) == 131072.0  # 2 · 32 · 8 · 128 · 2 bytes (bf16)
+    assert kv_bytes_per_token(32, 8, 128, bytes_per_element=1) == 65536.0  # fp8 cache
+    assert TARGET_SHAPES["llama-3.1-8b"].kv_bytes_per_token() == 131072.0
+    assert TARGET_SHAPES["smollm2-135m"].kv_bytes_per_token() == 23040.0  # 2 · 30 · 3 · 64 · 2
+    assert TARGET_SHAPES["qwen3-8b"].kv_bytes_per_token() == 147456.0  # 2 · 36 · 8 · 128 · 2
+    assert TARGET_SHAPES["llama-3.1-70b"].kv_bytes_per_token() == 327680.0  # 2 · 80 · 8 · 128 · 2
+
+
+def _dense_params(vocab, hidden, inter, layers, heads, kv_heads, head_dim, tied, qk_norm=False):
+    """Parameters of a Llama-style decoder counted longhand from its config."""
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o; k, v
+    per_layer = attention + 3 * hidden * inter + 2 * hidden + (2 * head_dim if qk_norm else 0)
+    return layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
+
+
+def test_target_shapes_match_their_configs():
+    # The config.json figures of each model (see each shape's source).
+    assert TARGET_SHAPES["smollm2-135m"].num_params == _dense_params(49152, 576, 1536, 30, 9, 3, 64, True)
+    assert TARGET_SHAPES["llama-3.1-8b"].num_params == _dense_params(128256, 4096, 14336, 32, 32, 8, 128, False)
+    assert TARGET_SHAPES["qwen3-8b"].num_params == _dense_params(151936, 4096, 12288, 36, 32, 8, 128, False, True)
+    assert TARGET_SHAPES["llama-3.1-70b"].num_params == _dense_params(128256, 8192, 28672, 80, 64, 8, 128, False)
+    llama = TARGET_SHAPES["llama-3.1-8b"]
+    assert (llama.num_layers, llama.num_kv_heads, llama.head_dim) == (32, 8, 128)
+    assert all(s.source.startswith("https://huggingface.co/") for s in TARGET_SHAPES.values())
+
+
+def test_kv_bytes_per_token_from_a_hf_config():
+    from transformers import LlamaConfig
+
+    llama = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+    assert kv_bytes_per_token_from_config(llama) == 131072.0  # head_dim = 4096 / 32
+    assert kv_bytes_per_token_from_config({**llama, "head_dim": 64}) == 65536.0  # explicit head_dim wins
+    mha = {k: v for k, v in llama.items() if k != "num_key_value_heads"}
+    assert kv_bytes_per_token_from_config(mha) == 2 * 32 * 32 * 128 * 2  # no GQA: every head cached
+    smol = LlamaConfig(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert kv_bytes_per_token_from_config(smol) == 23040.0
+    assert kv_bytes_per_token_from_config(smol, bytes_per_element=4) == 46080.0
+    with pytest.raises(ValueError, match="the config needs num_hidden_layers"):
+        kv_bytes_per_token_from_config({"hidden_size": 4096})
+
+
+def test_for_target_and_the_registered_factory():
+    model = RooflineCostModel.for_target("h200", "llama-3.1-8b")
+    assert model.num_params == 8_030_261_248 and model.kv_bytes_per_token == 131072.0
+    assert model.memory_bandwidth == 4.8e12 and model.peak_flops == 989e12 and model.param_bytes == 16_060_522_496
+    assert dspark.get_cost_model("roofline", gpu="h200", target="llama-3.1-8b") == model
+    fp8 = RooflineCostModel.for_target("H100", "Qwen3-8B", bytes_per_param=1, launch_overhead_s=1e-4)
+    assert fp8.kv_bytes_per_token == 73728.0 and fp8.param_bytes == 8_190_735_360 and fp8.launch_overhead_s == 1e-4
+    assert RooflineCostModel.for_target("h200", "llama-3.1-8b", kv_bytes_per_token=1.0).kv_bytes_per_token == 1.0
+    config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    from_config = RooflineCostModel.for_target("a100", config, num_params=134_515_008)
+    assert from_config.kv_bytes_per_token == 23040.0 and from_config.memory_bandwidth == 2.039e12
+    with pytest.raises(ValueError, match="a target given as a config needs num_params="):
+        RooflineCostModel.for_target("a100", config)
+    no_gpu = dspark.get_cost_model("roofline", target="smollm2-135m", memory_bandwidth=1e12, peak_flops=1e14)
+    assert no_gpu.num_params == 134_515_008 and no_gpu.memory_bandwidth == 1e12
+
+
+def test_unknown_target_shape_names_the_known_ones():
+    known = "known: llama-3.1-70b, llama-3.1-8b, qwen3-8b, smollm2-135m"
+    with pytest.raises(ValueError, match=f"unknown target shape 'gpt-9'; {known}"):
+        RooflineCostModel.for_target("h200", "gpt-9")
+    with pytest.raises(ValueError, match="unknown target shape 'gpt-9'"):
+        dspark.get_cost_model("roofline", gpu="h200", target="gpt-9")
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True])
+def test_roofline_num_requests_validation(value):
+    with pytest.raises(ValueError, match="num_requests must be an integer >= 1 or None"):
+        _roofline(num_requests=value)
 
 
 # --------------------------------------------------------------------------------------------

@@ -93,8 +93,11 @@ def _sps_table(profile: Any = None, **options: Any):
     return SPSTableCostModel(profile if profile is not None else default_profile_path(), **options)
 
 
-def _roofline(gpu: str | None = None, **options: Any):
-    """Analytic roofline step time; ``gpu="h200"|"h100"|"a100"`` uses a datasheet preset."""
+def _roofline(gpu: str | None = None, target: Any = None, **options: Any):
+    """Analytic roofline step time; ``gpu="h200"|"h100"|"a100"`` uses a datasheet preset,
+    ``target="llama-3.1-8b"`` (a TARGET_SHAPES name or an HF config) its parameters and KV bytes."""
+    if target is not None:
+        return RooflineCostModel.for_target(gpu or None, target, **options)
     return RooflineCostModel.for_gpu(gpu, **options) if gpu else RooflineCostModel(**options)
 
 

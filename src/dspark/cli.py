@@ -494,6 +494,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-cost-model", default="profile", choices=["profile", "h200", "h100", "a100"],
                    help="simulation step times: the measured profile, or a GPU roofline preset")
     p.add_argument("--sim-params", type=float, default=135e6, help="target parameters for a roofline preset")
+    p.add_argument("--sim-target", help="roofline presets: a target shape (smollm2-135m, llama-3.1-8b, qwen3-8b, "
+                   "llama-3.1-70b) whose parameters and KV bytes per token set the step time, each step reading "
+                   "R · context · KV bytes (overrides --sim-params)")
     p.add_argument("--sim-launch-overhead-ms", type=float, default=0.0, help="per-step overhead for a roofline preset")
     p.add_argument("--sim-draft-fraction", type=float, default=1 / 30,
                    help="roofline presets: drafting time as a fraction of a full block's verification step")

@@ -40,6 +40,13 @@ def _optional_strings(value: Any) -> tuple[str, ...] | None:
     return None if value is None else strings(value)
 
 
+def _target_shape_name(_inst: Any, a: Any, v: str | None) -> None:
+    if v is not None:
+        from dspark.cost_models.roofline import target_shape
+
+        target_shape(v)  # ValueError naming the known shapes
+
+
 @frozen
 class BenchOptions(NamespaceOptions):
     """What ``dspark bench`` serves and reports (defaults: the command line's; docs/cli.md explains
@@ -70,6 +77,7 @@ class BenchOptions(NamespaceOptions):
     traces: str | None = field(default=None, converter=optional_path)
     sim_cost_model: str = field(default="profile", validator=one_of("profile", "h200", "h100", "a100"))
     sim_params: float = field(default=135e6, validator=at_least(0, integer=False, strict=True))
+    sim_target: str | None = field(default=None, validator=_target_shape_name)
     sim_launch_overhead_ms: float = field(default=0.0, validator=at_least(0, integer=False))
     sim_draft_fraction: float = field(default=1 / 30, validator=at_least(0, integer=False))
     sim_concurrency: tuple[int, ...] | None = field(default=None, converter=optional_ints, validator=_levels)
@@ -82,6 +90,8 @@ class BenchOptions(NamespaceOptions):
     def __attrs_post_init__(self) -> None:
         if self.arrival == "poisson" and not (self.rate and self.rate > 0):
             raise ValueError("--arrival poisson needs --rate > 0 (requests per second)")
+        if self.sim_target is not None and self.sim_cost_model == "profile":
+            raise ValueError("--sim-target needs a roofline preset: --sim-cost-model h200, h100 or a100")
 
 
 @frozen
@@ -164,8 +174,17 @@ def _sim_cost_model(args: Any, measured: Any) -> tuple[Any, str]:
 
     if args.sim_cost_model == "profile":
         return measured, "the measured profile"
+    overhead = args.sim_launch_overhead_ms / 1e3
+    target = getattr(args, "sim_target", None)
+    if target:  # the shape's parameters and KV bytes per token; --sim-params is ignored
+        cm = dspark.get_cost_model("roofline", gpu=args.sim_cost_model, target=target,
+                                   launch_overhead_s=overhead, accounting="packed")
+        return cm, (f"roofline {args.sim_cost_model} for {target} ({cm.num_params:.3g} params, "
+                    f"{cm.kv_bytes_per_token:.0f} KV bytes per token of context, each step reading "
+                    f"R · context · KV bytes; --sim-params ignored; "
+                    f"{args.sim_launch_overhead_ms} ms launch overhead, packed)")
     cm = dspark.get_cost_model("roofline", gpu=args.sim_cost_model, num_params=args.sim_params,
-                               launch_overhead_s=args.sim_launch_overhead_ms / 1e3, accounting="packed")
+                               launch_overhead_s=overhead, accounting="packed")
     return cm, (f"roofline {args.sim_cost_model} ({args.sim_params:.3g} params, "
                 f"{args.sim_launch_overhead_ms} ms launch overhead, packed)")
 

@@ -5,7 +5,8 @@ Two built-ins satisfy :class:`dspark.protocols.CostModel` (docs/math.md §4):
 * :class:`SPSTableCostModel` (``"sps-table"``): measured step times from an :class:`SPSProfile`,
   interpolated linearly or as a staircase, because real curves have CUDA-graph buckets (§4).
 * :class:`RooflineCostModel` (``"roofline"``): an analytic memory/compute roofline, with presets
-  for NVIDIA data-centre GPUs.
+  for NVIDIA data-centre GPUs (:data:`GPU_PRESETS`) and target shapes (:data:`TARGET_SHAPES`:
+  parameters and KV-cache bytes per token, so that a step reads R · context · KV bytes).
 
 Both own the engine's *accounting*: of R requests verifying ℓ_r drafts each, ``"packed"`` engines
 verify B = Σ_r (1 + ℓ_r) tokens, ``"padded"`` ones (HF batch with padding) pay B = R · (1 + max ℓ).
@@ -13,9 +14,10 @@ A step costs t(B) + α(R), α(R) being the per-request overhead a profile may re
 
 Modules: :mod:`~dspark.cost_models.accounting` (B for a schedule, α(R), the shared protocol
 methods), :mod:`~dspark.cost_models.profiles` (:class:`SPSProfile`, its JSON file and
-validation), :mod:`~dspark.cost_models.table` (``sps-table``) and
-:mod:`~dspark.cost_models.roofline` (``roofline`` and :data:`GPU_PRESETS`). Everything public is
-importable from ``dspark.cost_models``.
+validation), :mod:`~dspark.cost_models.table` (``sps-table``),
+:mod:`~dspark.cost_models.roofline` (``roofline``, :data:`GPU_PRESETS`, :data:`TARGET_SHAPES`) and
+:mod:`~dspark.cost_models.context` (:class:`~dspark.cost_models.context.ContextBinding`).
+Everything public is importable from ``dspark.cost_models``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,14 @@ from dspark.cost_models.accounting import (
 from dspark.cost_models.profiles import ProfileError, SPSProfile, default_profile_path
 from dspark.cost_models.roofline import (
     GPU_PRESETS,
+    TARGET_SHAPES,
     GPUSpec,
     RooflineCostModel,
+    TargetShape,
+    kv_bytes_per_token,
+    kv_bytes_per_token_from_config,
     roofline_step_seconds,
+    target_shape,
 )
 from dspark.cost_models.table import EXTRAPOLATIONS as EXTRAPOLATIONS  # outside __all__, as before
 from dspark.cost_models.table import INTERPOLATIONS as INTERPOLATIONS
@@ -46,11 +53,16 @@ __all__ = [
     "RooflineCostModel",
     "SPSProfile",
     "SPSTableCostModel",
+    "TARGET_SHAPES",
+    "TargetShape",
     "admission_batch_sizes",
     "batch_overhead",
     "batch_size",
     "default_profile_path",
+    "kv_bytes_per_token",
+    "kv_bytes_per_token_from_config",
     "round_seconds",
     "roofline_step_seconds",
     "table_step_seconds",
+    "target_shape",
 ]
