@@ -93,6 +93,36 @@ def test_incremental_context_equals_fresh_drafter(target, name):
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_feature_gap_restarts_the_context_as_a_fresh_drafter_on_the_suffix(target, name):
+    """After a gap (features resume at position s, `hidden_start`), the drafter attends to the
+    context from s on. Its layers see positions only through RoPE, so this equals a fresh drafter
+    given the suffix from s as a sequence of its own (the same feature vectors). With no features
+    at all (start = the anchor) it equals a fresh drafter on the anchor alone."""
+    g = torch.Generator().manual_seed(3)
+    p0 = torch.randint(0, 64, (7,), generator=g)
+    p1 = torch.cat([p0, torch.randint(0, 64, (8,), generator=g)])  # 15 tokens, anchor at 14
+    d = make(target, name)
+    d.draft(ctx(target, d, [p0], [0]))  # context 0..5
+    s = 10
+    f = target.features(p1, d.target_layer_ids, s, p1.numel() - 1)  # positions 10..13
+    after_gap = d.draft(DraftContext(["r0"], [p1], [SamplingParams()], features={"hidden": [f], "hidden_start": [s]}))
+    fresh = make(target, name)
+    suffix = fresh.draft(DraftContext(["r0"], [p1[s:]], [SamplingParams()], features={"hidden": [f]}))
+    torch.testing.assert_close(after_gap.draft_logits, suffix.draft_logits, atol=1e-4, rtol=1e-4)
+    assert torch.equal(after_gap.tokens, suffix.tokens)
+    # overlapping features are refused; an empty restart at the anchor drafts from the anchor alone
+    p2 = torch.cat([p1, torch.tensor([3, 9])])
+    with pytest.raises(ValueError, match="already holds context"):
+        d.draft(DraftContext(["r0"], [p2], [SamplingParams()],
+                             features={"hidden": [target.features(p2, d.target_layer_ids, 12, 16)], "hidden_start": [12]}))
+    empty = torch.zeros(0, f.shape[1])
+    alone = d.draft(DraftContext(["r0"], [p2], [SamplingParams()], features={"hidden": [empty], "hidden_start": [16]}))
+    fresh = make(target, name)
+    one = fresh.draft(DraftContext(["r0"], [p2[16:]], [SamplingParams()], features={"hidden": [empty]}))
+    torch.testing.assert_close(alone.draft_logits, one.draft_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
 def test_batch_invariance(target, name):
     """Padding requests of different lengths together changes nothing per request."""
     g = torch.Generator().manual_seed(2)  # not the global RNG: its state here depends on the tests run before

@@ -126,6 +126,45 @@ def test_greedy_batch_identical_to_target_decode(model, dname, sched):
     assert sum(sum(done[r].rounds.verified) for r in rids) > 0
 
 
+class CaptureSpy(HFTarget):
+    """Records, per verification round, whether target features were captured."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.captured: list[bool] = []
+
+    def verify(self, request_ids, tokens, lengths):
+        self.captured.append(bool(self.capture_layers))
+        return super().verify(request_ids, tokens, lengths)
+
+
+@pytest.mark.parametrize("dname", [d for d in DRAFTERS if d != "ngram"])
+def test_capture_pauses_during_long_skips_and_drafting_resumes_losslessly(model, dname):
+    """A gate whose skips (3–6 rounds) are longer than capture_ahead = 1: the skipped rounds run
+    without capturing target features except the one right before a drafted round, so the
+    drafter restarts its context after a gap. Outputs stay the target's greedy decode, features
+    really paused, and drafts after a gap were verified."""
+    target = CaptureSpy(model)
+    engine = Engine(target, drafter_for(target, dname), scheduler="sps-greedy", cost_model=FLAT,
+                    draft_gate=DraftGate(min_backoff=3, max_backoff=6, hopeless_skip=6), clock=TickClock(),
+                    capture_ahead=1)
+    infos = record_rounds(engine)
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    n = 40
+    rids, done = run_with_late_join(engine, prompts, n)
+    for rid, p in zip(rids, prompts):
+        assert done[rid].output_ids == greedy_decode(model, p, n), f"{dname}: request {rid} diverged"
+    cap = target.captured
+    assert len(cap) == len(infos)
+    assert not all(cap), f"{dname}: features were captured in every round"
+    # a drafted round after a round without capture (so after a gap) whose drafts were verified
+    gap_then_draft = [i for i in range(2, len(infos)) if infos[i].drafted and not cap[i - 2]]
+    assert gap_then_draft and any(sum(infos[i].lengths) > 0 for i in gap_then_draft), \
+        f"{dname}: no verified drafts after a gap"
+    with pytest.raises(ValueError, match="capture_ahead"):
+        Engine(target, None, capture_ahead=0)
+
+
 def test_drafts_are_accepted_somewhere():
     """The identity tests above would be weak if nothing were ever accepted: with these seeds every
     drafter (random weights, 16-token vocabulary) gets drafts accepted on the tiny Llama target."""

@@ -63,8 +63,11 @@ class _Request:
     stop_ids: frozenset[int]
     generator: torch.Generator
     # Target features [n, m·d] of committed positions the drafter has not seen yet, in order (one
-    # chunk per round; several after rounds the draft gate skipped, joined when drafting).
+    # chunk per round; several after rounds the draft gate skipped, joined when drafting), the
+    # first row at position feature_start. Rounds run without capture leave a gap: the features
+    # are dropped and the next captured ones restart the drafter's context (DraftingLoop.cache_for).
     features: list[torch.Tensor] = field(factory=list)
+    feature_start: int = 0
     finished: str | None = None  # "length" | "stop" | "abort"
     metrics: RequestMetrics = field(factory=RequestMetrics)
 
@@ -147,7 +150,10 @@ class Engine:
         draft_gate: Any = None,
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        capture_ahead: int = 4,
     ) -> None:
+        if not isinstance(capture_ahead, int) or capture_ahead < 1:
+            raise ValueError(f"capture_ahead must be an integer >= 1, got {capture_ahead!r}")
         self.target = target
         self.drafter = resolve("drafters", drafter) if drafter is not None else None
         self.scheduler = resolve("schedulers", scheduler)
@@ -167,6 +173,11 @@ class Engine:
                 )
             if self.drafter.target_layer_ids:
                 target.set_capture_layers(self.drafter.target_layer_ids)
+        # With a draft gate, target features are captured only while a drafted round is at most
+        # capture_ahead rounds away: a long skip then costs no capture and no catch-up, and the
+        # drafter restarts its context where the features resume (lossless; drafts see less context).
+        self.capture_ahead = capture_ahead
+        self._capturing = bool(self.drafter is not None and self.drafter.target_layer_ids)
         if draft_gate is True:
             from dspark.gating import DraftGate
 
@@ -219,11 +230,12 @@ class Engine:
         eos = getattr(self.target.tokenizer, "eos_token_id", None)
         if eos is not None:
             stops.add(int(eos))
+        self._capture(self._features_wanted())
         out = self.target.prefill([rid], [ids], logits=False)  # only the cache and features are used
         req = _Request(rid, ids, ids.numel(), sampling, max_new_tokens, frozenset(stops),
                        torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(rid.encode())))
-        feats = self._features(out, 0, int(out.lengths[0]))
-        req.features = [feats] if feats is not None else []
+        feats = self._features(out)
+        req.features = [feats[0, : int(out.lengths[0])]] if feats is not None else []
         self._requests[rid] = req
         return rid
 
@@ -247,13 +259,26 @@ class Engine:
     def active(self) -> list[str]:
         return list(self._requests)
 
-    def _features(self, out: Any, row: int, n: int) -> torch.Tensor | None:
-        """Concatenated captured hidden states [n, m·d] of one output row, or None."""
+    def _features(self, out: Any) -> torch.Tensor | None:
+        """The captured hidden states of every output row, concatenated over the drafter's layers:
+        [R, q, m·d] (one copy per round; each request keeps a view of its row), or None."""
         hs = out.hidden_states
         if not hs:
             return None
         ids = self.drafter.target_layer_ids if self.drafter is not None else ()
-        return torch.cat([hs[i][row, :n] for i in ids], dim=-1) if ids else None
+        return torch.cat([hs[i] for i in ids], dim=-1) if ids else None
+
+    def _features_wanted(self) -> bool:
+        """Capture target features this round: a drafter needs them, and (with a draft gate) a
+        drafted round is at most ``capture_ahead`` rounds away."""
+        if self.drafter is None or not self.drafter.target_layer_ids:
+            return False
+        return self.draft_gate is None or self.draft_gate.skip < self.capture_ahead
+
+    def _capture(self, on: bool) -> None:
+        if on != self._capturing and self.drafter is not None:
+            self.target.set_capture_layers(self.drafter.target_layer_ids if on else ())
+            self._capturing = on
 
     # -- one round ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -273,11 +298,18 @@ class Engine:
             for r in reqs
         ]).clamp_min(0)  # [R]
         drafted = self.drafter is not None and (self.draft_gate is None or self.draft_gate.should_draft(rids))
-        # Features wait in r.features while the gate skips drafting; the next drafted round gets them all.
-        feats = [(r.features[0] if len(r.features) == 1 else torch.cat(r.features)) if r.features
-                 else torch.empty(0, 0) for r in reqs] if drafted else None
+        # Features wait in r.features while the gate skips drafting; the next drafted round gets them
+        # all, from r.feature_start on (a request without any: its context restarts at the anchor).
+        features = {}
+        if drafted and self.drafter.target_layer_ids:
+            width = len(self.drafter.target_layer_ids) * self.target.hidden_size
+            features = {
+                "hidden": [(r.features[0] if len(r.features) == 1 else torch.cat(r.features)) if r.features
+                           else torch.empty(0, width) for r in reqs],
+                "hidden_start": [r.feature_start if r.features else r.tokens.numel() - 1 for r in reqs]}
         ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
-                           max_lengths=room, features={"hidden": feats} if drafted else {})
+                           max_lengths=room, features=features)
+        self._capture(self._features_wanted())
         before = [self.target.cached_length(rid) for rid in rids]
         cost_model = self._cost_model_at(sum(before) / R, R)  # read at this round's KV context
 
@@ -300,12 +332,16 @@ class Engine:
         keep = torch.tensor(before) + 1 + accepted  # anchor + accepted drafts stay cached
         self.target.rollback(rids, keep)
         outputs = []
+        feats = self._features(out)  # [R, 1 + γ, m·d] or None (no capture this round)
         for i, r in enumerate(reqs):
             n_acc = int(accepted[i])
             new = committed[i, : n_acc + 1].tolist()
-            feats = self._features(out, i, n_acc + 1)
             if feats is not None:
-                r.features.append(feats)
+                if not r.features:
+                    r.feature_start = before[i]  # the anchor's position
+                r.features.append(feats[i, : n_acc + 1])
+            else:
+                r.features = []  # a gap: the drafter restarts where capture resumes
             m = r.metrics
             m.rounds += 1
             m.verified.append(int(lengths[i]))

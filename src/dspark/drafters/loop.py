@@ -109,14 +109,21 @@ class LoopSpec:
 
 
 class KVStore:
-    """One request's context K/V: [L, H_kv, capacity, hd] each, valid up to ``length``."""
+    """One request's context K/V: [L, H_kv, capacity, hd] each, valid up to ``length``; entry i
+    holds absolute position ``offset`` + i (``offset`` > 0 after a restart at a feature gap)."""
 
-    __slots__ = ("k", "v", "length")
+    __slots__ = ("k", "v", "length", "offset")
 
-    def __init__(self) -> None:
+    def __init__(self, offset: int = 0) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.length = 0
+        self.offset = offset
+
+    @property
+    def end(self) -> int:
+        """The absolute position the next appended entry takes."""
+        return self.offset + self.length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:  # [L, H_kv, n, hd]
         n = k.shape[2]
@@ -155,6 +162,19 @@ def target_features(
                 f"layers × hidden {hidden_size}), got {tuple(f.shape)}"
             )
     return feats
+
+
+def feature_starts(context: DraftContext) -> list[int | None]:
+    """``features["hidden_start"]``: the absolute position of each request's first new feature row
+    (None or absent: right after what the drafter holds). A start beyond the drafter's context
+    restarts it there (:meth:`DraftingLoop.cache_for`)."""
+    starts = context.features.get("hidden_start")
+    if starts is None:
+        return [None] * len(context.request_ids)
+    if len(starts) != len(context.request_ids):
+        raise ValueError(f"features['hidden_start'] holds {len(starts)} positions for "
+                         f"{len(context.request_ids)} requests")
+    return [None if s is None else int(s) for s in starts]
 
 
 def draft_sample(logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,6 +262,20 @@ class DraftingLoop:
         self.caches.pop(request_id, None)
         self.pending.pop(request_id, None)
 
+    def cache_for(self, request_id: str, start: int | None) -> KVStore:
+        """The request's context cache, restarted at ``start`` when its new features begin after
+        a gap (the engine captured no target features for a while): the drafter then attends to
+        the context from ``start`` on. Lossless either way; only the drafts' quality changes."""
+        cache = self.caches.get(request_id)
+        if cache is None or (start is not None and start > cache.end):
+            cache = self.caches[request_id] = KVStore(offset=0 if start is None else start)
+            self.pending[request_id] = None
+        elif start is not None and start < cache.end:
+            raise ValueError(
+                f"request {request_id!r}: new features start at position {start} but the drafter "
+                f"already holds context up to position {cache.end - 1}")
+        return cache
+
     @torch.inference_mode()
     def draft(self, context: DraftContext) -> DraftBlock:
         s = self.spec
@@ -253,9 +287,9 @@ class DraftingLoop:
     # -- helpers for the round functions ---------------------------------------------------------
     @staticmethod
     def check_anchor(rid: str, cache: KVStore, ids: torch.Tensor, lag: int) -> None:
-        if cache.length != ids.numel() - lag:
+        if cache.end != ids.numel() - lag:
             raise ValueError(
-                f"request {rid!r}: the drafter has context for {cache.length} positions but the "
+                f"request {rid!r}: the drafter has context up to position {cache.end} but the "
                 f"anchor is at position {ids.numel() - 1}; pass the target features of every "
                 "committed token before the anchor"
             )
@@ -336,12 +370,12 @@ def block_round(loop: DraftingLoop, context: DraftContext, feats: list[torch.Ten
     R = len(context.request_ids)
     loop.check_limit("backbone", "batch", R)
     caches, chunks, positions, owners = [], [], [], []
-    for rid, f in zip(context.request_ids, feats):
-        cache = loop.caches.setdefault(rid, KVStore())
+    for rid, f, start in zip(context.request_ids, feats, feature_starts(context)):
+        cache = loop.cache_for(rid, start)
         caches.append(cache)
         if f.shape[0]:
             chunks.append(f)
-            positions.append(torch.arange(cache.length, cache.length + f.shape[0]))
+            positions.append(torch.arange(cache.end, cache.end + f.shape[0]))
             owners.append((cache, f.shape[0]))
     t0 = time.perf_counter()
     if chunks:
@@ -417,8 +451,8 @@ def autoregressive_round(loop: DraftingLoop, context: DraftContext, feats: list[
         fused_all = loop.run_packed("fuse", {"features": torch.cat(feats)}, {"features": 0}, {"fused": 0})["fused"]
     caches, last_feat, off = [], [], 0
     toks, ready, positions, owners = [], [], [], []
-    for rid, ids, n in zip(context.request_ids, context.token_ids, sizes):
-        cache = loop.caches.setdefault(rid, KVStore())
+    for rid, ids, n, start in zip(context.request_ids, context.token_ids, sizes, feature_starts(context)):
+        cache = loop.cache_for(rid, start)
         caches.append(cache)
         fused = fused_all[off : off + n] if n else None
         off += n
@@ -435,10 +469,10 @@ def autoregressive_round(loop: DraftingLoop, context: DraftContext, feats: list[
         # Positions t with both f_t and x_{t+1} committed go into the cache.
         n_ready = fused.shape[0] - 1
         if n_ready > 0:
-            start = cache.length
-            toks.append(ids[start + 1 : start + 1 + n_ready].long())
+            at = cache.end
+            toks.append(ids[at + 1 : at + 1 + n_ready].long())
             ready.append(fused[:n_ready])
-            positions.append(torch.arange(start, start + n_ready))
+            positions.append(torch.arange(at, at + n_ready))
         loop.pending[rid] = fused[-1:]
         last_feat.append(fused[-1])
         owners.append((rid, ids, cache, n_ready, fused))
