@@ -150,7 +150,7 @@ class Engine:
         draft_gate: Any = None,
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
-        capture_ahead: int = 4,
+        capture_ahead: int = 16,
     ) -> None:
         if not isinstance(capture_ahead, int) or capture_ahead < 1:
             raise ValueError(f"capture_ahead must be an integer >= 1, got {capture_ahead!r}")
