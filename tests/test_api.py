@@ -109,6 +109,10 @@ def test_run_bench(tiny):
     for s in ("plain", "fixed:k=1", "fixed:k=4", "threshold", "sps-greedy"):
         assert {(s, 1, False), (s, 2, False), (s, 1, True), (s, 2, True)} <= keys
     assert bench.markdown == (bench.out / "bench.md").read_text() and (bench.out / "profile.json").is_file()
+    # curves at both ends of the workload's contexts (mean prompt, + 6 new tokens) around the main one
+    profile = json.loads((bench.out / "profile.json").read_text())
+    lo, hi = sorted(c["context"] for c in profile["contexts"])
+    assert lo < profile["context"] < hi and hi - lo == 6
     from dspark.bench.run import replot_bench
 
     (bench.out / "bench.md").unlink()

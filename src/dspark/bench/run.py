@@ -148,7 +148,8 @@ def _requests_at(args: Any, c: int) -> int:
     return args.requests_per_level or max(2 * c, args.min_requests)
 
 
-def _measure_profile(target: Any, args: Any, gamma: int, path: Path, context: int) -> Any:
+def _measure_profile(target: Any, args: Any, gamma: int, path: Path, context: int,
+                     span: tuple[int, int] | None = None) -> Any:
     from dspark.cost_models import SPSProfile
     from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes
 
@@ -161,6 +162,13 @@ def _measure_profile(target: Any, args: Any, gamma: int, path: Path, context: in
     requests = sorted(set(args.concurrency) | {1 << k for k in range(top.bit_length()) if 1 << k <= top})
     times = time_shapes(target, requests, widths, [context],
                         repeats=args.profile_repeats, progress=not args.quiet)
+    # The workload's requests verify over contexts from their prompt to prompt + max_new_tokens:
+    # time plain and full-block steps at both ends too, so the profile holds a curve per context
+    # and the engine and the simulator read each round's step time at its own context.
+    others = sorted({c for c in span or () if c != context and 0 < c < target.max_context - gamma - 2})
+    if others:
+        times.update(time_shapes(target, requests, sorted({1, gamma + 1}), others,
+                                 repeats=args.profile_repeats, progress=not args.quiet))
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
                                   repeats=args.profile_repeats, source="dspark bench")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -245,9 +253,11 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     sampling = SamplingParams.greedy() if opts.temperature == 0 else SamplingParams.random(opts.temperature)
     # Verification cost grows with the KV length (on this CPU a 64-request step costs 1.6× at 128
     # tokens of context than at 64): profile at the workload's mean context unless told otherwise.
-    context = opts.profile_context or round(sum(len(x) for x in ids) / len(ids) + opts.max_new_tokens / 2)
+    mean_prompt = sum(len(x) for x in ids) / len(ids)
+    context = opts.profile_context or round(mean_prompt + opts.max_new_tokens / 2)
     profile = (dspark.cost_models.SPSProfile.from_json(opts.profile) if opts.profile
-               else _measure_profile(target, opts, gamma, out / "profile.json", context))
+               else _measure_profile(target, opts, gamma, out / "profile.json", context,
+                                     (round(mean_prompt), round(mean_prompt + opts.max_new_tokens))))
     cost = dspark.get_cost_model("sps-table", profile=profile)
     summaries, runs = [], []
     if opts.mode in ("measure", "both"):
