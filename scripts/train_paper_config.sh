@@ -29,7 +29,7 @@ want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 [ -f "$TEMPLATED/train.jsonl" ] || dspark data --out "$TEMPLATED" --per-domain 600 --concurrency 48 --max-new-tokens 128
 if [ ! -f "$DATA/.complete" ]; then
   dspark data --source natural --followups-from "$TEMPLATED/train.jsonl" --out "$DATA" --per-domain 2700 \
-    --max-new-tokens 256 --concurrency 48 --dtype bfloat16 --max-tokens 1050000
+    --max-new-tokens 256 --concurrency 48 --dtype bfloat16 --max-tokens 1000000
   touch "$DATA/.complete"
 fi
 
