@@ -267,13 +267,16 @@ class DraftingLoop:
         a gap (the engine captured no target features for a while): the drafter then attends to
         the context from ``start`` on. Lossless either way; only the drafts' quality changes."""
         cache = self.caches.get(request_id)
-        if cache is None or (start is not None and start > cache.end):
+        # Eagle3 keeps the last context feature pending (it pairs with the next anchor), so its next
+        # new feature is one past the cache's end.
+        expected = None if cache is None else cache.end + (self.pending.get(request_id) is not None)
+        if cache is None or (start is not None and start > expected):
             cache = self.caches[request_id] = KVStore(offset=0 if start is None else start)
             self.pending[request_id] = None
-        elif start is not None and start < cache.end:
+        elif start is not None and start < expected:
             raise ValueError(
                 f"request {request_id!r}: new features start at position {start} but the drafter "
-                f"already holds context up to position {cache.end - 1}")
+                f"already holds context up to position {expected - 1}")
         return cache
 
     @torch.inference_mode()
