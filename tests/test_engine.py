@@ -165,6 +165,19 @@ def test_capture_pauses_during_long_skips_and_drafting_resumes_losslessly(model,
         Engine(target, None, capture_ahead=0)
 
 
+@pytest.mark.parametrize("dname", [d for d in DRAFTERS if d != "ngram"])
+def test_without_gaps_the_drafter_keeps_the_whole_context(model, dname):
+    """Features captured every round: the drafter's context is never restarted (offset 0) and
+    has grown past the prompt."""
+    target = HFTarget(model)
+    engine = Engine(target, drafter_for(target, dname), scheduler="full", cost_model=FLAT)
+    rid = engine.add_request(torch.tensor(PROMPTS[2]), max_new_tokens=30)
+    for _ in range(4):
+        engine.step()
+    cache = engine.drafter.loop.caches[rid]
+    assert cache.offset == 0 and cache.end > len(PROMPTS[2])
+
+
 def test_drafts_are_accepted_somewhere():
     """The identity tests above would be weak if nothing were ever accepted: with these seeds every
     drafter (random weights, 16-token vocabulary) gets drafts accepted on the tiny Llama target."""
