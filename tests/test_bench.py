@@ -177,6 +177,19 @@ def test_gate_compares_measured_speculative_and_plain_rates():
     assert skips == [2, 4, 8, 8]
 
 
+def test_gate_asks_for_features_near_a_probe_or_where_drafting_has_won():
+    gate = DraftGate()
+    gate.skip = 20
+    assert not gate.should_draft(["a", "b"])  # one skipped round consumed: 19 left
+    assert not gate.features_needed(16)  # the probe is 20 rounds away, bucket 2 never won
+    gate.skip = 16
+    assert gate.features_needed(17) and not gate.features_needed(16)
+    gate.wins[batch_bucket(2)] = 1  # drafting has won at R = 2: a new request may reopen the skip
+    assert gate.features_needed(1)
+    gate.should_draft(["a", "b", "c", "d"])  # R = 4: another bucket, which never won
+    assert not gate.features_needed(1)
+
+
 def test_gate_probes_rarely_when_probes_are_expensive_and_uses_the_bound():
     cm = cost_model([(1, 0.010), (8, 0.080)])  # t(q) = q · 10 ms: proportional
     # the bound: 8 tokens in 5 ms of drafting + t(8) = 85 ms < plain's 100 tok/s → skip 256 at once

@@ -150,7 +150,7 @@ class Engine:
         draft_gate: Any = None,
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
-        capture_ahead: int = 16,
+        capture_ahead: int = 64,
     ) -> None:
         if not isinstance(capture_ahead, int) or capture_ahead < 1:
             raise ValueError(f"capture_ahead must be an integer >= 1, got {capture_ahead!r}")
@@ -273,7 +273,7 @@ class Engine:
         drafted round is at most ``capture_ahead`` rounds away."""
         if self.drafter is None or not self.drafter.target_layer_ids:
             return False
-        return self.draft_gate is None or self.draft_gate.skip < self.capture_ahead
+        return self.draft_gate is None or self.draft_gate.features_needed(self.capture_ahead)
 
     def _capture(self, on: bool) -> None:
         if on != self._capturing and self.drafter is not None:

@@ -130,6 +130,16 @@ class DraftGate:
             return False
         return True
 
+    def features_needed(self, ahead: int) -> bool:
+        """Should the engine capture target features this round? Yes while the next drafted round
+        is at most ``ahead`` rounds away, and throughout skips in a batch-size bucket where drafting
+        has won: such a skip may reopen at any new request, and its probe should draft with the
+        whole context. A long skip where drafting has never won (a batch size at which this
+        machine does not pay for drafting) captures nothing until shortly before its probe."""
+        if self.skip < ahead:
+            return True
+        return bool(self._current) and self.wins.get(batch_bucket(len(self._current)), 0) > 0
+
     def observe(self, num_requests: int, drafted: bool, committed: int, seconds: float,
                 cost_model: CostModel, draft_seconds: float | None = None, gamma: int = 0,
                 expected: float | None = None) -> bool:
