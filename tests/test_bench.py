@@ -296,6 +296,13 @@ def test_time_model_scale_compares_each_round_at_its_recorded_context():
     level = lambda rounds: LevelRun("plain", 1, "closed", None, 1.0, rounds, [])  # noqa: E731
     assert fit_time_model([level(at_256)], cm).target_scale == pytest.approx(1.0)
     assert fit_time_model([level(unknown)], cm).target_scale == pytest.approx(2.0)
+    # per shape bucket (R, B rounded down to powers of two): each shape keeps its own ratio, and a
+    # shape never measured falls back to the overall one
+    mixed = fit_time_model([level(at_256 + [RoundRecord(0.0, 0.1, 5, 20, 4, 25, 0, True, 0.0, 0.080, 256.0)] * 2)], cm)
+    assert mixed.shape_scales == pytest.approx({"1,1": 1.0, "4,16": 4.0})
+    assert mixed.scale(1, 1) == 1.0 and mixed.scale(6, 31) == pytest.approx(4.0)
+    assert mixed.scale(64, 64) == pytest.approx((4 * 0.020 + 2 * 0.080) / (6 * 0.020))
+    assert type(mixed).from_dict(mixed.to_dict()) == mixed
 
 
 class SleepTarget(HFTarget):

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from attrs import define, frozen
+from attrs import define, field, frozen
 
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 from dspark.bench.runner import SchedulerSpec, arrival_times
@@ -94,6 +94,9 @@ class TimeModel:
     prefill_seconds: float = 0.0
     draft_fraction: float = 0.0
     target_scale: float = 1.0  # measured verification time / the cost model's (context length, load)
+    # the same ratio per shape bucket "R,B" (powers of two at or below R and B) where measured
+    # rounds had that shape: the profile's t(B) + α(R) is off by different factors at different shapes
+    shape_scales: dict[str, float] = field(factory=dict)
 
     def draft_seconds(self, R: int, gamma: int = 0, cost_model: Any = None) -> float:
         seconds = self.draft[0] + self.draft[1] * R
@@ -101,6 +104,10 @@ class TimeModel:
             full = cost_model.batch_size(torch.full((R,), gamma, dtype=torch.long))
             seconds += self.draft_fraction * float(cost_model.step_seconds(torch.tensor([full]))[0])
         return seconds
+
+    def scale(self, R: int, B: int) -> float:
+        """Measured / modelled verification time for a round of R requests and B tokens."""
+        return self.shape_scales.get(shape_key(R, B), self.target_scale)
 
     def overhead(self, R: int, drafted: bool) -> float:
         a, b = self.overhead_drafted if drafted else self.overhead_plain
@@ -113,7 +120,8 @@ class TimeModel:
     def to_dict(self) -> dict[str, Any]:
         return {"draft": list(self.draft), "overhead_drafted": list(self.overhead_drafted),
                 "overhead_plain": list(self.overhead_plain), "prefill_seconds": self.prefill_seconds,
-                "draft_fraction": self.draft_fraction, "target_scale": self.target_scale}
+                "draft_fraction": self.draft_fraction, "target_scale": self.target_scale,
+                "shape_scales": dict(self.shape_scales)}
 
 
 def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeModel:
@@ -130,15 +138,26 @@ def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeMode
         return _affine([r.num_requests for r in rs],
                        [max(r.seconds - r.draft_seconds - r.target_seconds, 0.0) for r in rs])
 
-    scale = 1.0
+    scale, shapes = 1.0, {}
     if cost_model is not None and rounds:
         at = ContextBinding(cost_model)
-        modelled = sum(round_seconds(at(r.context, r.num_requests) if r.context else cost_model,
-                                     r.batch_size, r.num_requests) for r in rounds)
-        scale = float(sum(r.target_seconds for r in rounds) / modelled)
+        sums: dict[str, list[float]] = {}
+        for r in rounds:
+            modelled = round_seconds(at(r.context, r.num_requests) if r.context else cost_model,
+                                     r.batch_size, r.num_requests)
+            acc = sums.setdefault(shape_key(r.num_requests, r.batch_size), [0.0, 0.0])
+            acc[0] += r.target_seconds
+            acc[1] += modelled
+        scale = sum(a for a, _ in sums.values()) / sum(b for _, b in sums.values())
+        shapes = {k: a / b for k, (a, b) in sums.items() if b > 0}
     return TimeModel(_affine([r.num_requests for r in drafted], [r.draft_seconds for r in drafted]),
                      overhead(drafted), overhead(plain), float(np.median(prefill)) if prefill else 0.0,
-                     target_scale=scale)
+                     target_scale=float(scale), shape_scales=shapes)
+
+
+def shape_key(R: int, B: int) -> str:
+    """The shape bucket of a round: R and B each rounded down to a power of two, as "R,B"."""
+    return f"{1 << (max(R, 1).bit_length() - 1)},{1 << (max(B, 1).bit_length() - 1)}"
 
 
 @define
@@ -210,7 +229,7 @@ def simulate_level(
             lengths = torch.zeros(R, dtype=torch.long)
             accepted = torch.zeros(R, dtype=torch.long)
         B = cm.batch_size(lengths)
-        target_s = time_model.target_scale * round_seconds(cm, int(B), R)
+        target_s = time_model.scale(R, int(B)) * round_seconds(cm, int(B), R)
         seconds = draft_s + target_s + time_model.overhead(R, drafted)
         rounds.append(RoundRecord(clock, seconds, R, int(lengths.sum()), int(lengths.max()), int(B),
                                   int(accepted.sum()), drafted, draft_s, target_s, context))
