@@ -102,17 +102,12 @@ def trtllm_sps_table(profile: Any, shapes: Mapping[tuple[int, int], float] | Non
     meta = {"lookup": "interp", "source": "dspark", "device": profile.device, "model": profile.model,
             "dtype": profile.dtype, "date": profile.date, "accounting": profile.accounting,
             "context_tokens": profile.context}
-    if context is not None and len(profile.curves()) > 1:
+    points = [(int(b), float(t)) for b, t in profile.points]
+    if context is not None and len(profile.curves()) > 1:  # read at the serving context, whole-step
         bound = SPSTableCostModel(profile).at_context(context)
-        sizes = [int(b) for b, _ in profile.points]
-        seconds = bound.step_seconds(torch.tensor(sizes)).tolist()
-        out = {"token_counts": sizes, "step_time_ms": [1e3 * float(t) for t in seconds],
-               "_meta": {**meta, "context_tokens": bound.context,
-                         "encoding": "whole-step: step_time_ms already includes the per-step floor"}}
-        if gamma:
-            out["_meta"]["recommended_confidence_verify_len_tiers"] = sorted({1, math.ceil(gamma / 2), gamma})
-        check_trtllm_sps_table(out)
-        return out
+        sizes = [b for b, _ in points]
+        points = list(zip(sizes, bound.step_seconds(torch.tensor(sizes)).tolist()))
+        meta["context_tokens"], shapes = bound.context, None
     if gamma:
         meta["recommended_confidence_verify_len_tiers"] = sorted({1, math.ceil(gamma / 2), gamma})
     if shapes:
@@ -122,8 +117,7 @@ def trtllm_sps_table(profile: Any, shapes: Mapping[tuple[int, int], float] | Non
                "batch_overhead_ms": [1e3 * max(v, 0.0) for v in alpha.values()],
                "_meta": {**meta, "encoding": "decomposed: T(bs, M) = fixed_overhead + batch_overhead(bs) + step_time(M)"}}
     else:
-        out = {"token_counts": [int(b) for b, _ in profile.points],
-               "step_time_ms": [1e3 * float(s) for _, s in profile.points],
+        out = {"token_counts": [b for b, _ in points], "step_time_ms": [1e3 * t for _, t in points],
                "_meta": {**meta, "encoding": "whole-step: step_time_ms already includes the per-step floor"}}
     check_trtllm_sps_table(out)
     return out

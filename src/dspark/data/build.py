@@ -117,7 +117,7 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
     import torch
 
     from dspark.data.prompts import DOMAINS, builtin_prompts, jsonl_prompts, split
-    from dspark.data.selfdistill import done_keys, generate_records, write_prompts
+    from dspark.data.selfdistill import generate_records, read_records, write_prompts
     from dspark.engine import Engine
     from dspark.targets import load_target
     from dspark.types import SamplingParams
@@ -158,8 +158,9 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
             raise ValueError("no training prompts: the natural source yielded none (is --per-domain 0?)")
     write_prompts(out / "eval_prompts.jsonl", held)
     data = out / "train.jsonl"
-    done = done_keys(data)
-    had = _response_tokens(data)
+    written_before = read_records(data) if data.is_file() else []
+    done = {r.key for r in written_before}
+    had = sum(len(r.response_ids) for r in written_before)  # response tokens already written
     # In key (sha1) order: domains and sources interleave, so an interrupted run holds a balanced sample.
     todo = sorted((p for p in train if p.key not in done), key=lambda p: p.key)
     print(f"{len(train)} training prompts ({len(done)} already done), {len(held)} held out "
@@ -188,10 +189,3 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
     return DataResult(out, train_prompts=len(train), already_done=len(done), held_out=len(held),
                       written=written, tokens=n_tok, total_tokens=had + n_tok)
 
-
-def _response_tokens(path: Path) -> int:
-    """Response tokens in a train.jsonl (0 when it does not exist yet)."""
-    if not path.is_file():
-        return 0
-    with path.open(encoding="utf-8") as fh:
-        return sum(len(json.loads(line)["response_ids"]) for line in fh if line.strip())
