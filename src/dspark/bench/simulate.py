@@ -30,6 +30,7 @@ from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 from dspark.bench.runner import SchedulerSpec, arrival_times
 from dspark.cost_models import round_seconds
 from dspark.cost_models.context import ContextBinding
+from dspark.gating import batch_bucket
 from dspark.schedulers import build_schedule
 
 __all__ = ["Trace", "TimeModel", "traces_from_rounds", "fit_time_model", "simulate_level"]
@@ -157,7 +158,7 @@ def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeMode
 
 def shape_key(R: int, B: int) -> str:
     """The shape bucket of a round: R and B each rounded down to a power of two, as "R,B"."""
-    return f"{1 << (max(R, 1).bit_length() - 1)},{1 << (max(B, 1).bit_length() - 1)}"
+    return f"{batch_bucket(R)},{batch_bucket(B)}"
 
 
 @define

@@ -14,9 +14,15 @@ from typing import Any
 
 from dspark.protocols.cost_model import ContextAwareCostModel
 
-__all__ = ["CONTEXT_BUCKET", "ContextBinding"]
+__all__ = ["CONTEXT_BUCKET", "ContextBinding", "context_bucket"]
 
 CONTEXT_BUCKET = 16  # tokens: contexts are rounded to this before a model is bound
+
+
+def context_bucket(context: float) -> int:
+    """``context`` rounded to the nearest multiple of :data:`CONTEXT_BUCKET` tokens: consecutive
+    rounds share one bound model."""
+    return int(CONTEXT_BUCKET * round(float(context) / CONTEXT_BUCKET))
 
 
 class ContextBinding:
@@ -36,7 +42,7 @@ class ContextBinding:
     def __call__(self, context: float, num_requests: int | None) -> Any:
         if not self.context_aware:
             return self.cost_model
-        bucket = int(CONTEXT_BUCKET * round(float(context) / CONTEXT_BUCKET))
+        bucket = context_bucket(context)
         requests = None if num_requests is None else int(num_requests)
         key = (bucket, requests)
         bound = self._bound.get(key)

@@ -13,6 +13,7 @@ import torch
 from attrs import field, frozen
 
 from dspark.cost_models.accounting import Accounted, batch_tensor, check_accounting, is_number
+from dspark.cost_models.context import context_bucket
 
 __all__ = [
     "GPU_PRESETS",
@@ -322,7 +323,7 @@ class RooflineCostModel(Accounted):
             return self
         return attrs.evolve(
             self,
-            context_length=float(16 * round(float(context) / 16)),
+            context_length=float(context_bucket(context)),
             num_requests=None if num_requests is None else int(num_requests),
         )
 

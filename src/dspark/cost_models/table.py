@@ -13,6 +13,7 @@ from attrs import evolve, field, frozen
 from attrs.validators import in_
 
 from dspark.cost_models.accounting import Accounted, batch_tensor, check_accounting
+from dspark.cost_models.context import context_bucket
 from dspark.cost_models.profiles import SPSProfile
 
 __all__ = ["EXTRAPOLATIONS", "INTERPOLATIONS", "SPSTableCostModel", "table_step_seconds"]
@@ -143,7 +144,7 @@ class SPSTableCostModel(Accounted):
         that consecutive rounds share one bound model); itself when the profile has one curve."""
         if len(self.profile.curves()) == 1:
             return self
-        return evolve(self, context=float(16 * round(float(context) / 16)))
+        return evolve(self, context=float(context_bucket(context)))
 
     def batch_overhead_seconds(self, num_requests: int) -> float:
         """α(R) from the profile: linear between profiled R, the last value beyond (0 if none)."""
