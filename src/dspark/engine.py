@@ -297,7 +297,10 @@ class Engine:
                 self.target.max_context - r.tokens.numel() - 1)
             for r in reqs
         ]).clamp_min(0)  # [R]
-        drafted = self.drafter is not None and (self.draft_gate is None or self.draft_gate.should_draft(rids))
+        before = [self.target.cached_length(rid) for rid in rids]
+        cost_model = self._cost_model_at(sum(before) / R, R)  # read at this round's KV context
+        drafted = self.drafter is not None and (self.draft_gate is None
+                                                or self.draft_gate.should_draft(rids, cost_model))
         # Features wait in r.features while the gate skips drafting; the next drafted round gets them
         # all, from r.feature_start on (a request without any: its context restarts at the anchor).
         features = {}
@@ -310,8 +313,6 @@ class Engine:
         ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
                            max_lengths=room, features=features)
         self._capture(self._features_wanted())
-        before = [self.target.cached_length(rid) for rid in rids]
-        cost_model = self._cost_model_at(sum(before) / R, R)  # read at this round's KV context
 
         def verify_fn(tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[Any, torch.Tensor]:
             out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
@@ -363,7 +364,8 @@ class Engine:
         if self.draft_gate is not None:
             self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model,
                                     draft_seconds=t_draft if drafted else None, gamma=gamma,
-                                    expected=float(expected) if drafted else None)
+                                    expected=float(expected) if drafted else None,
+                                    lengths=lengths, accepted=accepted)
         self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
                                     t_draft, t_target, seconds, sum(before) / R)
         return outputs

@@ -41,21 +41,37 @@ requests are judged afresh on ``fresh_evidence`` drafted request-rounds — but 
 where drafting has won at least ``min_wins`` times: where it never wins (a machine on which
 drafting does not pay), new requests do not reopen it and the probes stay rare.
 
+The forecast. Acceptance does not depend on R (a request's drafts are accepted or not whatever
+else is in the batch); the cost of a round does, and the cost model knows it. So the gate also keeps
+the acceptance survival s_j = P(accepted ≥ j) over every drafted request-round (Kaplan–Meier: a
+request verifying ℓ drafts says nothing about positions past ℓ) and, per bucket, the seconds a
+drafted round spends beyond its verification step (drafting, the drafter catching up, bookkeeping:
+``overhead``) and a plain round's. With both, the best fixed draft length at R (``forecast``) says
+whether drafting can pay at a batch size *before* drafting there: where even the best fixed length
+is slower than plain decoding by more than ``forecast_margin``, the gate skips ``hopeless_skip``
+rounds without a probe, a measured loss confirmed by the forecast skips as long, and a batch that
+turned over does not reopen drafting. A :class:`GatePrior` (the survival measured on the workload,
+the overhead timed at some R) lets the forecast decide from the first round; without one it starts
+once ``min_evidence`` drafted request-rounds and an overhead at this or a smaller bucket (a lower
+bound: drafting costs more at larger R) have been seen. One real probe every ``forecast_probe``
+predicted-skipped rounds keeps a wrong prior from holding forever.
+
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
-from attrs import define, field, validators
+from attrs import define, field, frozen, validators
 
-from dspark.cost_models import round_seconds
+from dspark.cost_models import best_fixed_length, round_seconds
 from dspark.protocols.cost_model import CostModel
 
-__all__ = ["DraftGate", "batch_bucket"]
+__all__ = ["DraftGate", "GatePrior", "batch_bucket"]
 
 
 def batch_bucket(num_requests: int) -> int:
@@ -81,6 +97,74 @@ class _Rate:
         return self.tokens / max(self.seconds, 1e-12)
 
 
+def _survival(value: Any) -> tuple[float, ...]:
+    return tuple(float(v) for v in value)
+
+
+def _check_survival(_: Any, __: Any, s: tuple[float, ...]) -> None:
+    if not s or any(not 0.0 <= v <= 1.0 for v in s) or any(b > a + 1e-12 for a, b in zip(s, s[1:])):
+        raise ValueError(f"survival must be non-increasing probabilities s_1 ≥ s_2 ≥ ... in [0, 1], got {list(s)}")
+
+
+def _overheads(value: Any) -> dict[int, float]:
+    return {int(k): float(v) for k, v in dict(value).items()}
+
+
+def _check_overheads(_: Any, __: Any, d: dict[int, float]) -> None:
+    if not d or any(k < 1 or not math.isfinite(v) or v < 0 for k, v in d.items()):
+        raise ValueError(f"draft_overhead must map batch sizes R >= 1 to seconds >= 0, got {d}")
+
+
+@frozen
+class GatePrior:
+    """What the gate assumes before it has measured (module docstring): the drafter's acceptance
+    survival s_j = P(accepted ≥ j), j = 1..γ, on this workload, and ``draft_overhead`` {R: seconds}
+    a drafted round spends beyond a plain round at R requests, besides the verification of its
+    drafts (drafting, the drafter catching up, bookkeeping), timed at some R."""
+
+    survival: tuple[float, ...] = field(converter=_survival, validator=_check_survival)
+    draft_overhead: Mapping[int, float] = field(converter=_overheads, validator=_check_overheads)
+
+    def overhead_at(self, num_requests: int) -> float:
+        """Piecewise linear in R between the timed points; flat below the first, and past the last
+        along the last segment's slope (never below the last value: drafting costs more at larger R)."""
+        pts = sorted(self.draft_overhead.items())
+        R = float(num_requests)
+        if R <= pts[0][0] or len(pts) == 1:
+            return pts[0][1] if R <= pts[0][0] else pts[0][1] * R / pts[0][0]
+        for (r0, v0), (r1, v1) in zip(pts, pts[1:]):
+            if R <= r1:
+                return v0 + (v1 - v0) * (R - r0) / (r1 - r0)
+        (r0, v0), (r1, v1) = pts[-2], pts[-1]
+        return max(v1 + (v1 - v0) * (R - r1) / (r1 - r0), v1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"survival": list(self.survival), "draft_overhead": {str(k): v for k, v in self.draft_overhead.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GatePrior:
+        try:
+            return cls(d["survival"], d["draft_overhead"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"a gate prior needs 'survival' and 'draft_overhead': {e}") from None
+
+
+@define
+class _Mean:
+    """An exponentially decayed mean."""
+
+    total: float = 0.0
+    weight: float = 0.0
+
+    def add(self, value: float, decay: float) -> None:
+        self.total = (1 - decay) * self.total + value
+        self.weight = (1 - decay) * self.weight + 1.0
+
+    @property
+    def value(self) -> float:
+        return self.total / max(self.weight, 1e-12)
+
+
 @define
 class DraftGate:
     """Stateful gate owned by one engine (module docstring). Drafting stops when plain is faster
@@ -100,6 +184,9 @@ class DraftGate:
                                      validator=[validators.ge(0.0), validators.lt(1.0)])
     fresh_evidence: int = field(default=4, validator=[validators.instance_of(int), validators.ge(1)])
     min_wins: int = field(default=4, validator=[validators.instance_of(int), validators.ge(1)])
+    prior: GatePrior | None = field(default=None, validator=validators.optional(validators.instance_of(GatePrior)))
+    forecast_margin: float = field(default=1.0, converter=float, validator=validators.gt(0.0))
+    forecast_probe: int = field(default=1024, validator=[validators.instance_of(int), validators.ge(1)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
@@ -109,17 +196,26 @@ class DraftGate:
     calibration: _Rate = field(factory=_Rate, init=False)  # committed ("tokens") vs τ̂ ("seconds")
     wins: dict[int, int] = field(factory=dict, init=False)  # bucket → decisions that kept drafting
     reopened: int = field(default=0, init=False)  # skips ended because the batch turned over
+    predicted_skips: int = field(default=0, init=False)  # skips decided by the forecast, without drafting
+    hazard_hits: list[float] = field(factory=list, init=False)  # [γ] decayed: accepted ≥ j
+    hazard_trials: list[float] = field(factory=list, init=False)  # [γ] decayed: verified j with j − 1 accepted
+    survival_evidence: int = field(default=0, init=False)  # drafted request-rounds seen
+    overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → drafted seconds beyond t(B) + α(R)
+    plain_overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → plain seconds beyond t(R) + α(R)
+    _since_probe: int = field(default=0, init=False)  # rounds skipped on the forecast since drafting last ran
     _current: frozenset = field(factory=frozenset, init=False)  # the requests of this round
     _skip_for: frozenset = field(factory=frozenset, init=False)  # the requests the skip was decided for
 
-    def should_draft(self, request_ids: Sequence[str] | None = None) -> bool:
-        """Call once per round (with the round's request ids, when known); False consumes one
-        skipped round."""
+    def should_draft(self, request_ids: Sequence[str] | None = None, cost_model: CostModel | None = None) -> bool:
+        """Call once per round (with the round's request ids and its cost model, when known); False
+        consumes one skipped round."""
+        R = len(request_ids) if request_ids is not None else None
         if request_ids is not None:
             self._current = frozenset(request_ids)
             b = batch_bucket(len(self._current))
             if (self.skip > 0 and self._skip_for and self._skip_for.isdisjoint(self._current)
-                    and self.wins.get(b, 0) >= self.min_wins):
+                    and self.wins.get(b, 0) >= self.min_wins
+                    and not (cost_model is not None and self.predicts_loss(len(self._current), cost_model))):
                 self.skip, self.backoff = 0, 0
                 self.reopened += 1
                 # judge the new requests on fresh evidence: fresh_evidence more request-rounds
@@ -127,8 +223,89 @@ class DraftGate:
         if self.skip > 0:
             self.skip -= 1
             self.skipped_rounds += 1
+            self._since_probe += 1
             return False
+        if (R and cost_model is not None and self._since_probe < self.forecast_probe
+                and self.speculative.get(batch_bucket(R), _Rate()).evidence < self.min_evidence
+                and self.predicts_loss(R, cost_model)):
+            # no measurement of its own here, and the forecast says drafting cannot pay: skip without a probe
+            self.predicted_skips += 1
+            self.skip = self.hopeless_skip - 1
+            self._skip_for = self._current
+            self.skipped_rounds += 1
+            self._since_probe += 1
+            return False
+        self._since_probe = 0
         return True
+
+    # -- the forecast ----------------------------------------------------------------------
+    def survival(self) -> list[float] | None:
+        """s_j, j = 1..γ: measured (Kaplan–Meier over drafted request-rounds) once ``min_evidence``
+        were seen, positions never verified taking the prior's conditional rate (or 0); else the prior's."""
+        prior = list(self.prior.survival) if self.prior is not None else None
+        if self.survival_evidence < self.min_evidence or not self.hazard_trials:
+            return prior
+        out, s = [], 1.0
+        for j in range(max(len(self.hazard_trials), len(prior or ()))):
+            trials = self.hazard_trials[j] if j < len(self.hazard_trials) else 0.0
+            if trials >= 1.0:
+                h = self.hazard_hits[j] / trials
+            elif prior is not None and j < len(prior):
+                h = prior[j] / prior[j - 1] if j and prior[j - 1] > 0 else (prior[0] if j == 0 else 0.0)
+            else:
+                h = 0.0
+            s *= h
+            out.append(s)
+        return out
+
+    def draft_overhead(self, num_requests: int) -> float | None:
+        """Seconds a drafted round spends beyond a plain one at R, besides verifying its drafts:
+        measured in this bucket, else the prior's, else the largest measured at a smaller bucket
+        (a lower bound), else None."""
+        b = batch_bucket(num_requests)
+        plain = self.plain_overhead[b].value if b in self.plain_overhead else 0.0
+        if b in self.overhead:
+            return max(self.overhead[b].value - plain, 0.0)
+        if self.prior is not None:
+            return self.prior.overhead_at(num_requests)
+        below = [m.value - (self.plain_overhead[k].value if k in self.plain_overhead else 0.0)
+                 for k, m in self.overhead.items() if k < b]
+        return max(max(below), 0.0) if below else None
+
+    def forecast(self, num_requests: int, cost_model: CostModel) -> float | None:
+        """The best fixed draft length's expected throughput at R over plain decoding's (1.0 when
+        no length pays), from the survival and the overheads; None before there is either."""
+        s, extra = self.survival(), self.draft_overhead(num_requests)
+        if s is None or extra is None:
+            return None
+        b = batch_bucket(num_requests)
+        base = max(self.plain_overhead[b].value, 0.0) if b in self.plain_overhead else 0.0
+        _, best = best_fixed_length(s, cost_model, num_requests, extra, base)
+        B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
+        plain = num_requests / (round_seconds(cost_model, B0, num_requests) + base)
+        return best / plain
+
+    def predicts_loss(self, num_requests: int, cost_model: CostModel) -> bool:
+        """True when the forecast says no draft length beats plain decoding by ``forecast_margin``."""
+        f = self.forecast(num_requests, cost_model)
+        return f is not None and f < self.forecast_margin
+
+    def _observe_acceptance(self, lengths: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Kaplan–Meier counts: position j was tried by requests verifying ≥ j drafts with j − 1
+        accepted, and passed by those with ≥ j accepted."""
+        lengths, accepted = lengths.long().flatten(), accepted.long().flatten()  # [R], [R]
+        gamma = int(lengths.max()) if lengths.numel() else 0
+        if len(self.hazard_trials) < gamma:
+            pad = gamma - len(self.hazard_trials)
+            self.hazard_trials += [0.0] * pad
+            self.hazard_hits += [0.0] * pad
+        keep = 1.0 - self.calibration_decay
+        for j in range(1, len(self.hazard_trials) + 1):
+            trials = float(((lengths >= j) & (accepted >= j - 1)).sum())
+            hits = float((accepted >= j).sum())
+            self.hazard_trials[j - 1] = keep * self.hazard_trials[j - 1] + trials
+            self.hazard_hits[j - 1] = keep * self.hazard_hits[j - 1] + hits
+        self.survival_evidence += int((lengths > 0).sum())
 
     def features_needed(self, ahead: int) -> bool:
         """Should the engine capture target features this round? Yes while the next drafted round
@@ -142,14 +319,23 @@ class DraftGate:
 
     def observe(self, num_requests: int, drafted: bool, committed: int, seconds: float,
                 cost_model: CostModel, draft_seconds: float | None = None, gamma: int = 0,
-                expected: float | None = None) -> bool:
+                expected: float | None = None, lengths: torch.Tensor | None = None,
+                accepted: torch.Tensor | None = None) -> bool:
         """Record a finished round (R, drafted?, tokens committed, its seconds; for drafted rounds
-        optionally the drafting seconds and γ, which enable the bound, and the scheduler's τ̂);
+        optionally the drafting seconds and γ, which enable the bound, the scheduler's τ̂, and the
+        per-request verified lengths ℓ [R] and accepted counts [R], which feed the forecast);
         returns True when the following rounds will skip drafting."""
         b = batch_bucket(num_requests)
         if not drafted:
             self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
+            B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
+            self.plain_overhead.setdefault(b, _Mean()).add(
+                seconds - round_seconds(cost_model, B0, num_requests), self.decay)
             return False
+        if lengths is not None and accepted is not None:
+            self._observe_acceptance(lengths, accepted)
+            B = cost_model.batch_size(lengths.long())
+            self.overhead.setdefault(b, _Mean()).add(seconds - round_seconds(cost_model, B, num_requests), self.decay)
         spec = self.speculative.setdefault(b, _Rate())
         if expected is None:
             spec.add(committed, seconds, num_requests, self.decay)
@@ -177,6 +363,8 @@ class DraftGate:
             cap = max(self.max_backoff, math.ceil(excess * plain / (num_requests * self.probe_budget)))
             self.skip = min(max(self.backoff, math.ceil(self.min_backoff * loss**3)), cap)
             self.backoff = min(2 * self.skip, cap)
+            if self.predicts_loss(num_requests, cost_model):  # the forecast agrees: no short probes
+                self.skip = max(self.skip, self.hopeless_skip)
             self._skip_for = self._current
             return True
         self.wins[b] = self.wins.get(b, 0) + 1

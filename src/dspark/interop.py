@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from dspark.cost_models import round_seconds
+from dspark.cost_models import best_fixed_length
 from dspark.profiling import ProfileFitError, additive_cost_fit
 
 __all__ = [
@@ -172,15 +172,9 @@ def best_fixed_lengths(
     s = [float(v) for v in survival]
     if not s or any(not 0.0 <= v <= 1.0 for v in s) or any(b > a + 1e-12 for a, b in zip(s, s[1:])):
         raise ValueError("survival must be non-increasing probabilities s_1 ≥ s_2 ≥ ... in [0, 1]")
-    gamma, out, cap = len(s), {}, len(s)
+    out, cap = {}, len(s)
     for R in sorted(batch_sizes):
-        best_k, best = 0, -1.0
-        for k in range(gamma + 1):
-            B = cost_model.batch_size(torch.full((R,), k, dtype=torch.long))
-            t = round_seconds(cost_model, B, R) + (draft_seconds(R) if k else 0.0)
-            rate = R * (1.0 + sum(s[:k])) / t
-            if rate > best * (1 + 1e-9):
-                best_k, best = k, rate
+        best_k, _ = best_fixed_length(s, cost_model, R, draft_seconds(R))
         cap = min(cap, best_k)
         out[R] = cap
     return out

@@ -210,7 +210,7 @@ def simulate_level(
         R = len(active)
         context = sum(q.trace.prompt_tokens + q.record.new_tokens for q in active) / R
         cm = cost_model_at(context, R)  # the round's KV context, as the engine reads it
-        drafted = not spec.plain and (draft_gate is None or draft_gate.should_draft([q.record.request_id for q in active]))
+        drafted = not spec.plain and (draft_gate is None or draft_gate.should_draft([q.record.request_id for q in active], cm))
         draft_s = 0.0
         if drafted:
             gamma = active[0].trace.confidence_logits.shape[1]
@@ -238,7 +238,8 @@ def simulate_level(
         if draft_gate is not None:
             draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cm,
                                draft_seconds=draft_s if drafted else None, gamma=gamma if drafted else 0,
-                               expected=float(plan.expected_tokens) if drafted else None)
+                               expected=float(plan.expected_tokens) if drafted else None,
+                               lengths=lengths if drafted else None, accepted=accepted if drafted else None)
         still = []
         for q, acc in zip(active, accepted.tolist()):
             rec = q.record

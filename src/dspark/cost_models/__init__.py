@@ -27,6 +27,7 @@ from dspark.cost_models.accounting import (
     admission_batch_sizes,
     batch_overhead,
     batch_size,
+    best_fixed_length,
     round_seconds,
 )
 from dspark.cost_models.profiles import ProfileError, SPSProfile, default_profile_path
@@ -58,6 +59,7 @@ __all__ = [
     "admission_batch_sizes",
     "batch_overhead",
     "batch_size",
+    "best_fixed_length",
     "default_profile_path",
     "kv_bytes_per_token",
     "kv_bytes_per_token_from_config",

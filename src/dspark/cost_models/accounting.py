@@ -15,6 +15,7 @@ __all__ = [
     "admission_batch_sizes",
     "batch_overhead",
     "batch_size",
+    "best_fixed_length",
     "round_seconds",
 ]
 
@@ -69,6 +70,26 @@ def batch_overhead(cost_model: Any, num_requests: int) -> float:
 def round_seconds(cost_model: Any, batch_size: int, num_requests: int) -> float:
     """A whole verification step of R requests at batch B: t(B) + α(R)."""
     return float(cost_model.step_seconds(torch.tensor([batch_size]))[0]) + batch_overhead(cost_model, num_requests)
+
+
+def best_fixed_length(survival: Any, cost_model: Any, num_requests: int,
+                      draft_seconds: float = 0.0, round_overhead: float = 0.0) -> tuple[int, float]:
+    """The fixed draft length k ∈ 0..γ of highest expected throughput at R requests, and that rate.
+
+    ``survival`` s_j = P(accepted ≥ j), j = 1..γ; a round of R requests all drafting k commits
+    R · (1 + Σ_{j≤k} s_j) tokens in t(B_k) + α(R) + ``round_overhead`` + ``draft_seconds`` (k > 0)
+    seconds, B_k the cost model's batch for ℓ = k everywhere. k = 0 is plain decoding (no drafting).
+    Returns (k*, tokens / second at k*).
+    """
+    s = [float(v) for v in survival]
+    best_k, best = 0, -1.0
+    for k in range(len(s) + 1):
+        B = cost_model.batch_size(torch.full((num_requests,), k, dtype=torch.long))
+        t = round_seconds(cost_model, B, num_requests) + round_overhead + (draft_seconds if k else 0.0)
+        rate = num_requests * (1.0 + sum(s[:k])) / t
+        if rate > best * (1 + 1e-9):
+            best_k, best = k, rate
+    return best_k, best
 
 
 # --------------------------------------------------------------------------------------------
