@@ -26,7 +26,7 @@ import torch
 
 from dspark.cost_models import SPSTableCostModel
 from dspark.engine import Engine
-from dspark.gating import DraftGate
+from dspark.gating import DraftGate, GatePrior
 from dspark.targets import HFTarget
 from dspark.types import DraftBlock, SamplingParams
 from helpers import greedy_decode, tiny_causal_lm
@@ -98,14 +98,14 @@ def model():
     return tiny_causal_lm(vocab_size=64, max_positions=512)
 
 
-def _run(model, step_seconds, draft_seconds, right, drafter: bool, gate: bool, prompts=None):
+def _run(model, step_seconds, draft_seconds, right, drafter: bool, gate: bool, prompts=None, **gate_options):
     """Virtual seconds to decode PROMPTS one after another (concurrency 1), and the engine."""
     prompts = PROMPTS if prompts is None else prompts
     clock = VirtualClock()
     target = TimedTarget(HFTarget(model), clock, step_seconds)
     cost = SPSTableCostModel.from_points({q: step_seconds(q) for q in range(1, GAMMA + 2)}, accounting="packed")
     engine = Engine(target, OracleDrafter(model, clock, draft_seconds, right) if drafter else None,
-                    cost_model=cost, draft_gate=DraftGate() if gate else None, clock=clock)
+                    cost_model=cost, draft_gate=DraftGate(**gate_options) if gate else None, clock=clock)
     outputs = []
     for p in prompts:
         (c,) = engine.generate([p], SamplingParams.greedy(), max_new_tokens=NEW, progress=False)
@@ -183,3 +183,40 @@ def test_flat_cost_changing_content_gate_cuts_the_losing_request_and_drafts_the_
     assert gated < 0.9 * always and gated < 0.75 * plain, (plain, always, gated)
     g = engine.draft_gate
     assert g.reopened >= 1 and g.skipped_rounds > NEW  # requests 2 and 4 cut, request 3 reopened
+
+
+# -- the forecast -----------------------------------------------------------------------------
+
+
+def test_prior_that_forecasts_a_loss_never_drafts(model):
+    """The affine machine above, with a prior that knows it (s_1 = 1, nothing after; drafting costs
+    0.8 C): the best fixed length, ℓ = 1, commits 2 tokens in 2.2 C against plain's 2 in 2 C, so the
+    gate skips from the first round, without the probes the measured rule needed: exactly plain's time."""
+    affine = lambda q: C * (0.6 + 0.4 * q)  # noqa: E731
+    prior = GatePrior([1.0] + [0.0] * (GAMMA - 1), {1: 0.8 * C})
+    plain, _ = _run(model, affine, 0.8 * C, lambda i: 1, drafter=False, gate=False)
+    gated, engine = _run(model, affine, 0.8 * C, lambda i: 1, drafter=True, gate=True, prior=prior)
+    assert _drafted(engine) == 0 and engine.draft_gate.predicted_skips >= 1
+    assert gated == pytest.approx(plain, rel=1e-9)
+
+
+def test_prior_that_forecasts_a_win_drafts_from_the_first_round(model):
+    """Flat cost, three drafts right a round: a prior saying so (s = 1, 1, 1, 0, ...) forecasts
+    (1 + 3) / (1 + 0.3) ≈ 3× plain, so the first round drafts and the gate never skips."""
+    flat = lambda q: C  # noqa: E731
+    prior = GatePrior([1.0] * 3 + [0.0] * (GAMMA - 3), {1: 0.3 * C})
+    _, engine = _run(model, flat, 0.3 * C, lambda i: 3, drafter=True, gate=True, prior=prior)
+    assert engine.draft_gate.skipped_rounds == 0 and engine.draft_gate.predicted_skips == 0
+
+
+def test_wrong_prior_is_corrected_by_its_probes(model):
+    """A prior that says drafting never pays (s = 0) on a machine where it pays 3×: one real probe
+    every ``forecast_probe`` predicted-skipped rounds gathers the evidence (the calibrated
+    confidences, the measured rates) that overrides it, and the run ends up well below plain's time."""
+    flat = lambda q: C  # noqa: E731
+    prior = GatePrior([0.0] * GAMMA, {1: 0.3 * C})
+    plain, _ = _run(model, flat, 0.3 * C, lambda i: 3, drafter=False, gate=False)
+    gated, engine = _run(model, flat, 0.3 * C, lambda i: 3, drafter=True, gate=True, prior=prior,
+                         forecast_probe=16)
+    assert engine.draft_gate.predicted_skips >= 1  # it did believe the prior at first
+    assert gated < 0.75 * plain, f"gated {gated:.3f} s vs plain {plain:.3f} s"

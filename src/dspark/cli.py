@@ -479,6 +479,9 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    "'plain' is the no-drafter baseline (default: plain, fixed:k=1, fixed:k=γ, threshold, sps-greedy)")
     p.add_argument("--gate", action="append",
                    help="scheduler entry run with the draft gate, repeatable (default: sps-greedy; 'none': no gate)")
+    p.add_argument("--gate-prior", default="measure",
+                   help="what the draft gate assumes before it has measured: 'measure' (acceptance from the traces, "
+                   "drafting overhead timed at each level; cached in OUT/gate_prior.json), a JSON path, or 'none'")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3, help="measured repeats (medians reported, order rotated)")

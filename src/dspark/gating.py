@@ -43,18 +43,22 @@ drafting does not pay), new requests do not reopen it and the probes stay rare.
 
 The forecast. Acceptance does not depend on R (a request's drafts are accepted or not whatever
 else is in the batch); the cost of a round does, and the cost model knows it. So the gate also keeps
-the acceptance survival s_j = P(accepted ≥ j) over every drafted request-round (Kaplan–Meier: a
-request verifying ℓ drafts says nothing about positions past ℓ) and, per bucket, the seconds a
+the acceptance survival s_j = P(accepted ≥ j) over every drafted request-round — from the calibrated
+confidences, whose prefix products estimate it at every position whether or not the scheduler
+verified it (a confidence-chosen ℓ makes the verified positions a biased sample), rescaled by
+accepted / expected-accepted drafts over the verified ones — and, per bucket, the seconds a
 drafted round spends beyond its verification step (drafting, the drafter catching up, bookkeeping:
 ``overhead``) and a plain round's. With both, the best fixed draft length at R (``forecast``) says
-whether drafting can pay at a batch size *before* drafting there: where even the best fixed length
-is slower than plain decoding by more than ``forecast_margin``, the gate skips ``hopeless_skip``
-rounds without a probe, a measured loss confirmed by the forecast skips as long, and a batch that
-turned over does not reopen drafting. A :class:`GatePrior` (the survival measured on the workload,
+whether drafting can pay at a batch size *before* drafting there: where no fixed length beats
+plain decoding (by ``forecast_margin``), a bucket without measurements of its own skips
+``forecast_probe`` rounds, then drafts one round to refresh the evidence; a measured loss confirmed
+by the forecast skips ``hopeless_skip`` rounds; and a batch that turned over does not reopen drafting. A :class:`GatePrior` (the survival measured on the workload,
 the overhead timed at some R) lets the forecast decide from the first round; without one it starts
-once ``min_evidence`` drafted request-rounds and an overhead at this or a smaller bucket (a lower
-bound: drafting costs more at larger R) have been seen. One real probe every ``forecast_probe``
-predicted-skipped rounds keeps a wrong prior from holding forever.
+once ``min_evidence`` drafted request-rounds have been seen, an overhead measured at another bucket
+scaled by the cost model's full-block step time (the drafter's forward is a block of R · (γ + 1)
+tokens too). The probes keep a wrong prior from holding
+forever: ``min_evidence`` drafted request-rounds replace its survival, and as many in a bucket hand
+the decision there to the measured rates.
 
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
@@ -186,7 +190,7 @@ class DraftGate:
     min_wins: int = field(default=4, validator=[validators.instance_of(int), validators.ge(1)])
     prior: GatePrior | None = field(default=None, validator=validators.optional(validators.instance_of(GatePrior)))
     forecast_margin: float = field(default=1.0, converter=float, validator=validators.gt(0.0))
-    forecast_probe: int = field(default=1024, validator=[validators.instance_of(int), validators.ge(1)])
+    forecast_probe: int = field(default=512, validator=[validators.instance_of(int), validators.ge(1)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
@@ -197,12 +201,13 @@ class DraftGate:
     wins: dict[int, int] = field(factory=dict, init=False)  # bucket → decisions that kept drafting
     reopened: int = field(default=0, init=False)  # skips ended because the batch turned over
     predicted_skips: int = field(default=0, init=False)  # skips decided by the forecast, without drafting
-    hazard_hits: list[float] = field(factory=list, init=False)  # [γ] decayed: accepted ≥ j
-    hazard_trials: list[float] = field(factory=list, init=False)  # [γ] decayed: verified j with j − 1 accepted
+    survival_sum: torch.Tensor | None = field(default=None, init=False)  # [γ] decayed Σ calibrated prefix survival
+    survival_weight: float = field(default=0.0, init=False)  # decayed request-rounds in survival_sum
+    accepted_drafts: _Rate = field(factory=_Rate, init=False)  # accepted ("tokens") vs expected ("seconds") drafts
     survival_evidence: int = field(default=0, init=False)  # drafted request-rounds seen
     overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → drafted seconds beyond t(B) + α(R)
     plain_overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → plain seconds beyond t(R) + α(R)
-    _since_probe: int = field(default=0, init=False)  # rounds skipped on the forecast since drafting last ran
+    _probe_next: bool = field(default=False, init=False)  # the round after a forecast skip drafts
     _current: frozenset = field(factory=frozenset, init=False)  # the requests of this round
     _skip_for: frozenset = field(factory=frozenset, init=False)  # the requests the skip was decided for
 
@@ -223,60 +228,64 @@ class DraftGate:
         if self.skip > 0:
             self.skip -= 1
             self.skipped_rounds += 1
-            self._since_probe += 1
             return False
-        if (R and cost_model is not None and self._since_probe < self.forecast_probe
+        if self._probe_next:  # a forecast skip ran out: one real probe refreshes the evidence
+            self._probe_next = False
+            return True
+        if (R and cost_model is not None
                 and self.speculative.get(batch_bucket(R), _Rate()).evidence < self.min_evidence
                 and self.predicts_loss(R, cost_model)):
             # no measurement of its own here, and the forecast says drafting cannot pay: skip without a probe
             self.predicted_skips += 1
-            self.skip = self.hopeless_skip - 1
+            self.skip = self.forecast_probe - 1
             self._skip_for = self._current
+            self._probe_next = True
             self.skipped_rounds += 1
-            self._since_probe += 1
             return False
-        self._since_probe = 0
         return True
 
     # -- the forecast ----------------------------------------------------------------------
     def survival(self) -> list[float] | None:
-        """s_j, j = 1..γ: measured (Kaplan–Meier over drafted request-rounds) once ``min_evidence``
-        were seen, positions never verified taking the prior's conditional rate (or 0); else the prior's."""
-        prior = list(self.prior.survival) if self.prior is not None else None
-        if self.survival_evidence < self.min_evidence or not self.hazard_trials:
-            return prior
-        out, s = [], 1.0
-        for j in range(max(len(self.hazard_trials), len(prior or ()))):
-            trials = self.hazard_trials[j] if j < len(self.hazard_trials) else 0.0
-            if trials >= 1.0:
-                h = self.hazard_hits[j] / trials
-            elif prior is not None and j < len(prior):
-                h = prior[j] / prior[j - 1] if j and prior[j - 1] > 0 else (prior[0] if j == 0 else 0.0)
-            else:
-                h = 0.0
-            s *= h
-            out.append(s)
-        return out
+        """s_j, j = 1..γ: measured once ``min_evidence`` drafted request-rounds were seen (the mean
+        calibrated prefix survival, times accepted / expected-accepted drafts where the scheduler
+        verified any, clipped to 1); before that the prior's, or None."""
+        if self.survival_evidence < self.min_evidence or self.survival_sum is None:
+            return list(self.prior.survival) if self.prior is not None else None
+        mean = self.survival_sum / max(self.survival_weight, 1e-12)  # [γ]
+        a = self.accepted_drafts
+        scale = a.tokens / a.seconds if a.evidence >= self.min_evidence and a.seconds > 0 else 1.0
+        return (mean * scale).clamp(0.0, 1.0).cummin(dim=0).values.tolist()
 
-    def draft_overhead(self, num_requests: int) -> float | None:
+    def draft_overhead(self, num_requests: int, cost_model: CostModel, gamma: int) -> float | None:
         """Seconds a drafted round spends beyond a plain one at R, besides verifying its drafts:
-        measured in this bucket, else the prior's, else the largest measured at a smaller bucket
-        (a lower bound), else None."""
+        measured in this bucket, else the prior's, else the nearest measured bucket's scaled by the
+        cost model's full-block step time at R over there (the drafter's forward is a block of
+        R · (γ + 1) tokens too), else None."""
         b = batch_bucket(num_requests)
-        plain = self.plain_overhead[b].value if b in self.plain_overhead else 0.0
+
+        def measured(k: int) -> float:
+            plain = self.plain_overhead[k].value if k in self.plain_overhead else 0.0
+            return max(self.overhead[k].value - plain, 0.0)
+
         if b in self.overhead:
-            return max(self.overhead[b].value - plain, 0.0)
+            return measured(b)
         if self.prior is not None:
             return self.prior.overhead_at(num_requests)
-        below = [m.value - (self.plain_overhead[k].value if k in self.plain_overhead else 0.0)
-                 for k, m in self.overhead.items() if k < b]
-        return max(max(below), 0.0) if below else None
+        if not self.overhead:
+            return None
+        near = min(self.overhead, key=lambda k: (abs(math.log2(k / b)), k))
+
+        def full_block(r: int) -> float:
+            return round_seconds(cost_model, cost_model.batch_size(torch.full((r,), gamma, dtype=torch.long)), r)
+
+        return measured(near) * full_block(num_requests) / full_block(near)
 
     def forecast(self, num_requests: int, cost_model: CostModel) -> float | None:
         """The best fixed draft length's expected throughput at R over plain decoding's (1.0 when
         no length pays), from the survival and the overheads; None before there is either."""
-        s, extra = self.survival(), self.draft_overhead(num_requests)
-        if s is None or extra is None:
+        s = self.survival()
+        extra = self.draft_overhead(num_requests, cost_model, len(s)) if s else None
+        if not s or extra is None:
             return None
         b = batch_bucket(num_requests)
         base = max(self.plain_overhead[b].value, 0.0) if b in self.plain_overhead else 0.0
@@ -286,45 +295,35 @@ class DraftGate:
         return best / plain
 
     def predicts_loss(self, num_requests: int, cost_model: CostModel) -> bool:
-        """True when the forecast says no draft length beats plain decoding by ``forecast_margin``."""
+        """True when the forecast says no draft length beats plain decoding (by ``forecast_margin``)."""
         f = self.forecast(num_requests, cost_model)
-        return f is not None and f < self.forecast_margin
+        return f is not None and (f <= 1.0 or f < self.forecast_margin)
 
-    def _observe_acceptance(self, lengths: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Kaplan–Meier counts: position j was tried by requests verifying ≥ j drafts with j − 1
-        accepted, and passed by those with ≥ j accepted."""
-        lengths, accepted = lengths.long().flatten(), accepted.long().flatten()  # [R], [R]
-        gamma = int(lengths.max()) if lengths.numel() else 0
-        if len(self.hazard_trials) < gamma:
-            pad = gamma - len(self.hazard_trials)
-            self.hazard_trials += [0.0] * pad
-            self.hazard_hits += [0.0] * pad
+    def _observe_acceptance(self, survival: torch.Tensor, lengths: torch.Tensor, accepted: torch.Tensor) -> None:
+        """survival [R, γ] calibrated prefix survival (cumprod of the calibrated confidences),
+        lengths [R] verified drafts, accepted [R] accepted drafts."""
+        survival = survival.detach().double().reshape(lengths.numel(), -1)  # [R, γ]
         keep = 1.0 - self.calibration_decay
-        for j in range(1, len(self.hazard_trials) + 1):
-            trials = float(((lengths >= j) & (accepted >= j - 1)).sum())
-            hits = float((accepted >= j).sum())
-            self.hazard_trials[j - 1] = keep * self.hazard_trials[j - 1] + trials
-            self.hazard_hits[j - 1] = keep * self.hazard_hits[j - 1] + hits
-        self.survival_evidence += int((lengths > 0).sum())
-
-    def features_needed(self, ahead: int) -> bool:
-        """Should the engine capture target features this round? Yes while the next drafted round
-        is at most ``ahead`` rounds away, and throughout skips in a batch-size bucket where drafting
-        has won: such a skip may reopen at any new request, and its probe should draft with the
-        whole context. A long skip where drafting has never won (a batch size at which this
-        machine does not pay for drafting) captures nothing until shortly before its probe."""
-        if self.skip < ahead:
-            return True
-        return bool(self._current) and self.wins.get(batch_bucket(len(self._current)), 0) > 0
+        total = survival.sum(dim=0)  # [γ]
+        if self.survival_sum is None or self.survival_sum.numel() != total.numel():
+            self.survival_sum, self.survival_weight = torch.zeros_like(total), 0.0
+        self.survival_sum = keep * self.survival_sum + total
+        self.survival_weight = keep * self.survival_weight + survival.shape[0]
+        self.survival_evidence += survival.shape[0]
+        lengths = lengths.long().flatten()  # [R]
+        if int(lengths.sum()):
+            upto = torch.arange(survival.shape[1]) < lengths[:, None]  # [R, γ] verified positions
+            expected = float((survival * upto).sum())
+            self.accepted_drafts.add(float(accepted.sum()), expected, int((lengths > 0).sum()), self.calibration_decay)
 
     def observe(self, num_requests: int, drafted: bool, committed: int, seconds: float,
                 cost_model: CostModel, draft_seconds: float | None = None, gamma: int = 0,
                 expected: float | None = None, lengths: torch.Tensor | None = None,
-                accepted: torch.Tensor | None = None) -> bool:
+                accepted: torch.Tensor | None = None, survival: torch.Tensor | None = None) -> bool:
         """Record a finished round (R, drafted?, tokens committed, its seconds; for drafted rounds
-        optionally the drafting seconds and γ, which enable the bound, the scheduler's τ̂, and the
-        per-request verified lengths ℓ [R] and accepted counts [R], which feed the forecast);
-        returns True when the following rounds will skip drafting."""
+        optionally the drafting seconds and γ, which enable the bound, the scheduler's τ̂, and for
+        the forecast the per-request verified lengths ℓ [R], accepted drafts [R] and calibrated
+        prefix survival [R, γ]); returns True when the following rounds will skip drafting."""
         b = batch_bucket(num_requests)
         if not drafted:
             self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
@@ -333,7 +332,8 @@ class DraftGate:
                 seconds - round_seconds(cost_model, B0, num_requests), self.decay)
             return False
         if lengths is not None and accepted is not None:
-            self._observe_acceptance(lengths, accepted)
+            if survival is not None:
+                self._observe_acceptance(survival, lengths, accepted)
             B = cost_model.batch_size(lengths.long())
             self.overhead.setdefault(b, _Mean()).add(seconds - round_seconds(cost_model, B, num_requests), self.decay)
         spec = self.speculative.setdefault(b, _Rate())

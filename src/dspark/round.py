@@ -43,6 +43,7 @@ class RoundResult:
     output: Any  # what verify_fn returned besides the logits (e.g. the target's hidden states)
     draft_seconds: float  # drafting + confidence + calibration + scheduling
     verify_seconds: float  # the target forward
+    confidence: torch.Tensor | None = None  # [R, γ] calibrated (None: a plain step)
 
     @property
     def gamma(self) -> int:
@@ -94,7 +95,7 @@ def speculative_round(
     room for drafts). ``drafter=None`` runs a plain step: verify_fn gets the anchors alone."""
     R = len(context.request_ids)
     anchors = torch.stack([ids[-1] for ids in context.token_ids]).long()  # [R]
-    block, raw, expected = None, None, float(R)
+    block, raw, calibrated, expected = None, None, None, float(R)
     t0 = clock()
     if drafter is None:
         lengths = torch.zeros(R, dtype=torch.long)
@@ -102,7 +103,8 @@ def speculative_round(
     else:
         block = drafter.draft(context)
         raw = confidence_model.confidence_logits(block)  # [R, γ]
-        plan = build_schedule(scheduler, calibrator.calibrate(raw), block.valid_lengths, cost_model)
+        calibrated = calibrator.calibrate(raw)  # [R, γ]
+        plan = build_schedule(scheduler, calibrated, block.valid_lengths, cost_model)
         lengths, expected = plan.lengths, plan.expected_tokens  # [R]
         tokens = torch.cat([anchors[:, None], block.tokens], dim=1)  # [R, 1+γ]
     t_draft = clock() - t0
@@ -110,4 +112,4 @@ def speculative_round(
     output, logits = verify_fn(tokens, lengths)
     t_verify = clock() - t0
     accepted, committed = accept(block, logits, lengths, context.sampling, context.generators)
-    return RoundResult(block, raw, lengths, expected, accepted, committed, output, t_draft, t_verify)
+    return RoundResult(block, raw, lengths, expected, accepted, committed, output, t_draft, t_verify, calibrated)

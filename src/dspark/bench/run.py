@@ -67,6 +67,7 @@ class BenchOptions(NamespaceOptions):
     rate: float | None = None
     schedulers: tuple[str, ...] | None = field(default=None, converter=_optional_strings)
     gate: tuple[str, ...] | None = field(default=None, converter=_optional_strings)
+    gate_prior: str = field(default="measure", converter=path)
     max_new_tokens: int = field(default=64, validator=at_least(1))
     temperature: float = field(default=0.0, validator=at_least(0, integer=False))
     repeats: int = field(default=3, validator=at_least(1))
@@ -122,8 +123,9 @@ def _slug(text: str) -> str:
 
 
 def build_engine(target: Any, drafter: Any, spec: Any, cost_model: Any, calibrator: Any, gate: bool,
-                 seed: int = 0) -> Any:
-    """An engine for one benchmark entry; ``plain`` has no drafter (and captures no features)."""
+                 seed: int = 0, prior: Any = None) -> Any:
+    """An engine for one benchmark entry; ``plain`` has no drafter (and captures no features);
+    gated entries' draft gate starts from ``prior`` (a :class:`dspark.gating.GatePrior` or None)."""
     import dspark
     from dspark.engine import Engine
     from dspark.gating import DraftGate
@@ -133,7 +135,7 @@ def build_engine(target: Any, drafter: Any, spec: Any, cost_model: Any, calibrat
         return Engine(target, None, cost_model=cost_model, seed=seed)
     scheduler = dspark.get_scheduler(spec.name, **spec.config)
     return Engine(target, drafter, scheduler=scheduler, cost_model=cost_model, calibrator=calibrator or "identity",
-                  draft_gate=DraftGate() if gate else None, seed=seed)
+                  draft_gate=DraftGate(prior=prior) if gate else None, seed=seed)
 
 
 def _check_lossless(specs: list[Any]) -> None:
@@ -175,6 +177,34 @@ def _measure_profile(target: Any, args: Any, gamma: int, path: Path, context: in
     profile.to_json(path)
     save_shapes(times, path.with_suffix(".shapes.json"))
     return profile
+
+
+def _gate_prior(opts: Any, out: Path, gated: list[str], traces: Any, target: Any, drafter: Any,
+                ids: list[Any], cost: Any, calibrator: Any) -> Any:
+    """The gated entries' :class:`~dspark.gating.GatePrior`: ``--gate-prior measure`` (survival
+    from the traces, overheads timed at each level, cached in OUT/gate_prior.json), a JSON path, or
+    ``none``."""
+    from dspark.gating import GatePrior
+
+    if not gated or opts.gate_prior == "none":
+        return None
+    path = out / "gate_prior.json" if opts.gate_prior == "measure" else Path(opts.gate_prior)
+    if path.is_file() and (opts.gate_prior != "measure" or not opts.fresh):
+        try:
+            return GatePrior.from_dict(json.loads(path.read_text()))
+        except (ValueError, json.JSONDecodeError) as e:
+            raise ValueError(f"bad gate prior {path}: {e}") from None
+    if opts.gate_prior != "measure":
+        raise ValueError(f"--gate-prior: no such file {path} (give 'measure', 'none' or a JSON path)")
+    from dspark.bench.prior import measure_draft_overhead
+    from dspark.evaluation import save_json
+    from dspark.interop import survival_from_rounds
+
+    overhead = measure_draft_overhead(target, drafter, ids, [max(c, 1) for c in opts.concurrency], cost,
+                                      calibrator, progress=not opts.quiet)
+    prior = GatePrior(survival_from_rounds(traces()), overhead)
+    save_json(prior.to_dict(), path)
+    return prior
 
 
 def _sim_cost_model(args: Any, measured: Any) -> tuple[Any, str]:
@@ -259,6 +289,21 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
                else _measure_profile(target, opts, gamma, out / "profile.json", context,
                                      (round(mean_prompt), round(mean_prompt + opts.max_new_tokens))))
     cost = dspark.get_cost_model("sps-table", profile=profile)
+    trace_path = Path(opts.traces) if opts.traces else out / "traces.json"
+    rounds = None
+
+    def traces_recorded() -> Any:  # rounds with every position verified, recorded once
+        nonlocal rounds
+        if rounds is None and trace_path.is_file():
+            rounds = Rounds.from_dict(json.loads(trace_path.read_text()))
+        elif rounds is None:
+            rounds = collect_rounds(target, drafter, prompts, sampling, max_new_tokens=opts.max_new_tokens,
+                                    concurrency=16, scheduler="full", seed=opts.seed, progress=not opts.quiet)
+            save_json(rounds.to_dict(), trace_path)
+        return rounds
+
+    prior = (_gate_prior(opts, out, gated, traces_recorded, target, drafter, ids, cost, calibrator)
+             if opts.mode != "simulate" else None)
     summaries, runs = [], []
     if opts.mode in ("measure", "both"):
         todo = [(rep, c, s) for rep in range(opts.repeats) for c in opts.concurrency for s in specs]
@@ -274,7 +319,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
                         bar.update(n)
                     else:
                         bar.set_postfix_str(f"c={c} {s.label}")
-                        engine = build_engine(target, drafter, s, cost, calibrator, s.label in gated, opts.seed)
+                        engine = build_engine(target, drafter, s, cost, calibrator, s.label in gated, opts.seed, prior)
                         run = run_level(engine, ids, label=s.label, concurrency=c, num_requests=n, sampling=sampling,
                                         max_new_tokens=opts.max_new_tokens, arrival=opts.arrival, rate=opts.rate,
                                         seed=opts.seed + rep, progress=bar)
@@ -284,14 +329,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         bar.close()
     sim_desc, time_model = None, None
     if opts.mode in ("simulate", "both"):
-        trace_path = Path(opts.traces) if opts.traces else out / "traces.json"
-        if trace_path.is_file():
-            rounds = Rounds.from_dict(json.loads(trace_path.read_text()))
-        else:
-            rounds = collect_rounds(target, drafter, prompts, sampling, max_new_tokens=opts.max_new_tokens,
-                                    concurrency=16, scheduler="full", seed=opts.seed, progress=not opts.quiet)
-            save_json(rounds.to_dict(), trace_path)
-        traces = traces_from_rounds(rounds, opts.max_new_tokens, [len(x) for x in ids])
+        traces = traces_from_rounds(traces_recorded(), opts.max_new_tokens, [len(x) for x in ids])
         sim_cost, sim_desc = _sim_cost_model(opts, cost)
         if runs and opts.sim_cost_model == "profile":
             time_model = fit_time_model(runs, cost)
@@ -300,6 +338,15 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         else:
             time_model = TimeModel(draft_fraction=opts.sim_draft_fraction)
         levels = opts.sim_concurrency or opts.concurrency
+        # the simulated gate's prior: the same survival, the overheads of the simulator's own time model
+        sim_prior = None
+        if gated and opts.gate_prior != "none":
+            from dspark.gating import GatePrior
+            from dspark.interop import survival_from_rounds
+
+            sim_prior = GatePrior(survival_from_rounds(traces_recorded()), {
+                R: max(time_model.draft_seconds(R, gamma, sim_cost) + time_model.overhead(R, True)
+                       - time_model.overhead(R, False), 0.0) for R in levels})
         for c in levels:
             for s in specs:
                 sched = None if s.plain else dspark.get_scheduler(s.name, **s.config)
@@ -307,7 +354,8 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
                                      cost_model=sim_cost, time_model=time_model, concurrency=c,
                                      num_requests=_requests_at(opts, c), max_new_tokens=opts.max_new_tokens,
                                      arrival=opts.arrival, rate=opts.rate,
-                                     draft_gate=DraftGate() if s.label in gated else None, seed=opts.seed)
+                                     draft_gate=DraftGate(prior=sim_prior) if s.label in gated else None,
+                                     seed=opts.seed)
                 summaries.append({**summarise_run(run), "repeat": 0})
     rows = aggregate(summaries)
     title = f"{opts.model} ({opts.dtype}), drafter {label}, " + (
@@ -317,6 +365,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
             "rate": opts.rate, "max_new_tokens": opts.max_new_tokens, "temperature": opts.temperature,
             "repeats": opts.repeats, "prompts": len(ids), "concurrency": opts.concurrency,
             "schedulers": [s.label for s in specs], "gated": gated,
+            "gate_prior": prior.to_dict() if prior is not None else None,
             "cost_model": f"sps-table ({opts.profile or out / 'profile.json'})",
             "simulation_cost_model": sim_desc, "title": title,
             "command": " ".join(["dspark", *sys.argv[1:]])}

@@ -220,7 +220,8 @@ def simulate_level(
             room = torch.tensor([q.budget - q.record.new_tokens - 1 for q in active]).clamp_min(0)  # [R]
             proposed = torch.tensor([int(q.trace.proposed[q.cursor % n]) for q, n in zip(active, rows)])
             valid = torch.minimum(torch.minimum(proposed, room), torch.tensor(gamma))  # [R]
-            plan = build_schedule(scheduler, calibrator.calibrate(z), valid, cm)
+            calibrated = calibrator.calibrate(z)  # [R, γ]
+            plan = build_schedule(scheduler, calibrated, valid, cm)
             lengths = plan.lengths  # [R]
             accepted = torch.minimum(full_acc, lengths)  # [R]
             draft_s = time_model.draft_seconds(R, gamma, cm)
@@ -239,7 +240,8 @@ def simulate_level(
             draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cm,
                                draft_seconds=draft_s if drafted else None, gamma=gamma if drafted else 0,
                                expected=float(plan.expected_tokens) if drafted else None,
-                               lengths=lengths if drafted else None, accepted=accepted if drafted else None)
+                               lengths=lengths if drafted else None, accepted=accepted if drafted else None,
+                               survival=torch.cumprod(calibrated, dim=1) if drafted else None)
         still = []
         for q, acc in zip(active, accepted.tolist()):
             rec = q.record

@@ -1,0 +1,67 @@
+"""The draft gate's prior for a benchmark: what drafting costs and wins on this machine and workload
+before any gated round ran (:class:`dspark.gating.GatePrior`).
+
+* survival s_j = P(accepted ≥ j): from rounds recorded with every position verified (the same
+  traces the simulator replays and ``dspark interop`` turns into vLLM / TensorRT-LLM tables);
+* draft overhead at each concurrency R: a few rounds drafting γ and a few plain ones on R real
+  requests, each round's seconds less the cost model's step time t(B) + α(R) at its context; the
+  overhead is the drafted rounds' median less the plain rounds' (the first round of each, which
+  ingests the prompts, is left out).
+
+A serving engine's operator would time these once per deployment, as for the TensorRT-LLM table.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["measure_draft_overhead"]
+
+
+def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: int, cost_model_at: Any) -> list[float]:
+    """Seconds beyond the cost model's t(B) + α(R) of rounds 2..``rounds`` of R requests."""
+    from dspark.cost_models import round_seconds
+    from dspark.types import SamplingParams
+
+    for i in range(num_requests):
+        engine.add_request(ids[i % len(ids)], SamplingParams.greedy(), max_new_tokens=rounds * 8 + 8,
+                           request_id=f"prior-{i}")
+    out = []
+    for k in range(rounds):
+        engine.step()
+        info = engine.last_round
+        if k and info.num_requests == num_requests:
+            cm = cost_model_at(info.context, info.num_requests)
+            out.append(info.seconds - round_seconds(cm, info.batch_size, info.num_requests))
+    for rid in list(engine.active()):
+        engine.abort(rid)
+    engine.pop_finished()
+    return out
+
+
+def measure_draft_overhead(target: Any, drafter: Any, ids: Sequence[Any], num_requests: Sequence[int],
+                           cost_model: Any, calibrator: Any = None, rounds: int = 4,
+                           progress: bool = False) -> dict[int, float]:
+    """{R: seconds} a round drafting γ for R requests spends beyond a plain round, besides the
+    verification of its drafts (module docstring)."""
+    import dspark
+    from dspark.cost_models.context import ContextBinding
+    from dspark.engine import Engine
+
+    if rounds < 2:
+        raise ValueError(f"rounds must be >= 2 (the first one ingests the prompts), got {rounds}")
+    at = ContextBinding(cost_model)
+    out = {}
+    for R in sorted(set(num_requests)):
+        if progress:
+            print(f"gate prior: timing R = {R}", flush=True)
+        target.set_capture_layers(())
+        plain = _round_excess(Engine(target, None, cost_model=cost_model), ids, R, rounds, at)
+        fixed = dspark.get_scheduler("fixed", k=drafter.gamma)
+        drafted = _round_excess(Engine(target, drafter, scheduler=fixed, cost_model=cost_model,
+                                       calibrator=calibrator or "identity"), ids, R, rounds, at)
+        if plain and drafted:
+            out[R] = max(statistics.median(drafted) - statistics.median(plain), 0.0)
+    return out

@@ -1,0 +1,97 @@
+"""The draft gate's forecast: the best fixed draft length from the acceptance survival and the cost
+model, the prior it may start from, and the survival it measures (engine-level behaviour:
+tests/test_gate_machines.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark.cost_models import SPSTableCostModel, best_fixed_length
+from dspark.gating import DraftGate, GatePrior
+
+
+def _cost(points, accounting="packed"):
+    return SPSTableCostModel.from_points(points, accounting=accounting)
+
+
+def test_best_fixed_length_matches_brute_force():
+    """t(B) = 0.01 + 0.002 B (packed, no α(R)); R = 2; survival (0.8, 0.5, 0.1); drafting 4 ms.
+    By hand: k = 0: 2 / 0.014 = 142.9; k = 1: 3.6 / 0.022 = 163.6; k = 2: 4.6 / 0.026 = 176.9;
+    k = 3: 4.8 / 0.030 = 160.0 → k* = 2."""
+    cm = _cost({b: 0.01 + 0.002 * b for b in range(1, 17)})
+    k, rate = best_fixed_length([0.8, 0.5, 0.1], cm, 2, draft_seconds=0.004)
+    assert k == 2 and rate == pytest.approx(4.6 / 0.026)
+    # a drafting cost high enough that nothing pays: plain (k = 0) at its own rate
+    k, rate = best_fixed_length([0.8, 0.5, 0.1], cm, 2, draft_seconds=0.1)
+    assert k == 0 and rate == pytest.approx(2 / 0.014)
+    # the per-round overhead is paid by every k, plain included
+    k, rate = best_fixed_length([0.8, 0.5, 0.1], cm, 2, draft_seconds=0.1, round_overhead=0.006)
+    assert k == 0 and rate == pytest.approx(2 / 0.020)
+
+
+def test_gate_prior_validates_and_interpolates():
+    with pytest.raises(ValueError, match="non-increasing"):
+        GatePrior([0.5, 0.6], {1: 0.01})
+    with pytest.raises(ValueError, match="non-increasing"):
+        GatePrior([1.5], {1: 0.01})
+    with pytest.raises(ValueError, match="draft_overhead"):
+        GatePrior([0.5], {0: 0.01})
+    with pytest.raises(ValueError, match="draft_overhead"):
+        GatePrior([0.5], {})
+    with pytest.raises(ValueError, match="needs 'survival'"):
+        GatePrior.from_dict({"survival": [0.5]})
+    p = GatePrior([0.5, 0.25], {2: 0.010, 4: 0.020, 8: 0.030})
+    assert p.overhead_at(1) == 0.010  # flat below the first point
+    assert p.overhead_at(3) == pytest.approx(0.015)
+    assert p.overhead_at(6) == pytest.approx(0.025)
+    assert p.overhead_at(16) == pytest.approx(0.050)  # along the last segment's slope
+    assert GatePrior.from_dict(p.to_dict()) == p
+
+
+def test_forecast_is_the_best_fixed_length_over_plain():
+    cm = _cost({b: 0.01 + 0.002 * b for b in range(1, 17)})
+    g = DraftGate(prior=GatePrior([0.8, 0.5, 0.1], {2: 0.004}))
+    assert g.forecast(2, cm) == pytest.approx((4.6 / 0.026) / (2 / 0.014))
+    assert not g.predicts_loss(2, cm) and g.should_draft(["a", "b"], cm)
+    # a plain round measured 6 ms slower than the model: both rates pay it
+    g.observe(2, False, 2, 0.020, cm)
+    assert g.forecast(2, cm) == pytest.approx((4.6 / 0.032) / (2 / 0.020))
+    assert DraftGate().forecast(2, cm) is None  # nothing measured, no prior: no forecast
+
+
+def test_measured_survival_from_calibrated_confidences_rescaled_by_acceptance():
+    """Eight request-rounds whose calibrated prefix survival is (0.9, 0.6, 0.3), each verifying two
+    drafts (expected accepted 1.5) and accepting 0.75 on average: half what the confidences say,
+    so the measured survival is (0.45, 0.3, 0.15); the third position, never verified, is known from
+    the confidences alone."""
+    cm = _cost({b: 0.01 for b in range(1, 17)})
+    g = DraftGate(min_evidence=8, calibration_decay=0.0)
+    surv = torch.tensor([[0.9, 0.6, 0.3]] * 2)  # [R = 2, γ = 3]
+    for accepted in ([1, 0], [2, 0], [1, 1], [0, 1]):  # 6 accepted of 4 · 1.5 · 2 = 12 expected
+        g.observe(2, True, 2 + sum(accepted), 0.02, cm, lengths=torch.tensor([2, 2]),
+                  accepted=torch.tensor(accepted), survival=surv)
+    assert g.survival() == pytest.approx([0.45, 0.30, 0.15])
+
+
+def test_overhead_measured_elsewhere_is_scaled_by_the_full_block_step():
+    """A drafted round at R = 1 spent 5 ms beyond its step: at R = 4 the forecast assumes
+    5 ms · t(4 · (1 + γ)) / t(1 + γ) (the drafter's forward is a block too)."""
+    cm = _cost({b: 0.01 + 0.001 * b for b in range(1, 33)})
+    g = DraftGate(min_evidence=1)
+    g.observe(1, True, 2, 0.01 + 0.001 * 4 + 0.005, cm, lengths=torch.tensor([3]), accepted=torch.tensor([1]),
+              survival=torch.tensor([[0.5, 0.25, 0.1]]))
+    expected = 0.005 * (0.01 + 0.001 * 16) / (0.01 + 0.001 * 4)
+    assert g.draft_overhead(4, cm, 3) == pytest.approx(expected)
+    assert g.draft_overhead(1, cm, 3) == pytest.approx(0.005)
+
+
+def test_forecast_blocks_reopening_where_drafting_cannot_pay():
+    """A bucket where drafting has won (min_wins) reopens when its batch turns over — unless the
+    forecast now says no draft length pays there."""
+    cm = _cost({b: 0.01 * b for b in range(1, 17)})  # proportional: drafting never pays
+    g = DraftGate(min_wins=1, prior=GatePrior([0.3], {2: 0.005}))
+    g.wins[2] = 3
+    g.skip, g._skip_for = 10, frozenset({"a", "b"})
+    assert not g.should_draft(["c", "d"], cm) and g.reopened == 0
+    assert g.should_draft(["e", "f"]) and g.reopened == 1  # without a cost model, no forecast: reopens
