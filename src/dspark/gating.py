@@ -244,6 +244,16 @@ class DraftGate:
             return False
         return True
 
+    def features_needed(self, ahead: int) -> bool:
+        """Should the engine capture target features this round? Yes while the next drafted round
+        is at most ``ahead`` rounds away, and throughout skips in a batch-size bucket where drafting
+        has won: such a skip may reopen at any new request, and its probe should draft with the
+        whole context. A long skip where drafting has never won (a batch size at which this
+        machine does not pay for drafting) captures nothing until shortly before its probe."""
+        if self.skip < ahead:
+            return True
+        return bool(self._current) and self.wins.get(batch_bucket(len(self._current)), 0) > 0
+
     # -- the forecast ----------------------------------------------------------------------
     def survival(self) -> list[float] | None:
         """s_j, j = 1..γ: measured once ``min_evidence`` drafted request-rounds were seen (the mean

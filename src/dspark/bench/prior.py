@@ -35,7 +35,7 @@ def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: in
         if k and info.num_requests == num_requests:
             cm = cost_model_at(info.context, info.num_requests)
             out.append(info.seconds - round_seconds(cm, info.batch_size, info.num_requests))
-    for rid in list(engine.active()):
+    for rid in list(engine.active):
         engine.abort(rid)
     engine.pop_finished()
     return out
