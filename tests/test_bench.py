@@ -398,3 +398,21 @@ def test_bench_cli_on_smollm2(tmp_path):
     assert main(args) == 0  # resumes: the recorded runs are reused
     assert (tmp_path / "runs" / "r0-c1-plain.json").read_text() == before
     assert main(["bench", "--out", str(tmp_path), "--scheduler", "sps-argmax", "--quiet"]) == 2  # lossy: refused
+
+
+def test_paired_ratios_are_medians_of_each_repeats_own_ratio():
+    """Three repeats on a machine whose speed drifts (repeat 1 runs at 60 % speed): per repeat
+    sps-greedy / plain = 0.95, 1.05, 1.025 → median 1.025; / the best other scheduler of the same
+    repeat = 95/100, 63/60, 82/83 → median 82/83."""
+    from dspark.bench.report import ratios
+
+    runs = [(0, "plain", 100.0), (0, "sps-greedy", 95.0), (0, "fixed", 97.0),
+            (1, "plain", 60.0), (1, "sps-greedy", 63.0), (1, "fixed", 50.0),
+            (2, "plain", 80.0), (2, "sps-greedy", 82.0), (2, "fixed", 83.0)]
+    summaries = [{"repeat": r, "scheduler": s, "concurrency": 4, "throughput_tok_s": v} for r, s, v in runs]
+    rows = [{"scheduler": s, "concurrency": 4, "simulated": False, "throughput_tok_s": v}
+            for s, v in (("plain", 80.0), ("sps-greedy", 82.0), ("fixed", 83.0))]  # the medians
+    (q,) = ratios(rows, summaries=summaries)
+    assert q["vs_plain"] == pytest.approx(82 / 80) and q["best_other"] == "fixed"
+    assert q["vs_plain_paired"] == pytest.approx(1.025)
+    assert q["vs_best_other_paired"] == pytest.approx(82 / 83)

@@ -37,8 +37,30 @@ def aggregate(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["simulated"], r["concurrency"], r["scheduler"]))
 
 
-def ratios(rows: Sequence[dict[str, Any]], focus: str = "sps-greedy", baseline: str = "plain") -> list[dict[str, Any]]:
-    """Per concurrency: ``focus`` throughput / ``baseline``'s and / the best other scheduler's."""
+def _paired(summaries: Sequence[dict[str, Any]], c: int, focus: str, baseline: str) -> tuple[float, float]:
+    """Measured repeats at concurrency c: the median over repeats of ``focus`` / ``baseline`` and of
+    ``focus`` / the best other scheduler *of the same repeat*. Runs of one repeat are close in time,
+    so the slow drift of a shared machine's speed cancels in these ratios (not in ratios of medians)."""
+    reps: dict[int, dict[str, float]] = {}
+    for s in summaries:
+        if s["concurrency"] == c and not s.get("simulated", False):
+            reps.setdefault(s.get("repeat", 0), {})[s["scheduler"]] = s["throughput_tok_s"]
+    vs_plain, vs_best = [], []
+    for at in reps.values():
+        if focus not in at:
+            continue
+        if baseline in at:
+            vs_plain.append(at[focus] / at[baseline])
+        others = [v for k, v in at.items() if k != focus]
+        if others:
+            vs_best.append(at[focus] / max(others))
+    return _median(vs_plain) if vs_plain else math.nan, _median(vs_best) if vs_best else math.nan
+
+
+def ratios(rows: Sequence[dict[str, Any]], focus: str = "sps-greedy", baseline: str = "plain",
+           summaries: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Per concurrency: ``focus`` throughput / ``baseline``'s and / the best other scheduler's (ratios
+    of the medians), and with ``summaries`` (every repeat) the medians of the per-repeat ratios."""
     out = []
     for sim in sorted({r["simulated"] for r in rows}):
         for c in sorted({r["concurrency"] for r in rows if r["simulated"] == sim}):
@@ -50,6 +72,8 @@ def ratios(rows: Sequence[dict[str, Any]], focus: str = "sps-greedy", baseline: 
             out.append({"concurrency": c, "simulated": sim, "focus": focus,
                         "vs_plain": at[focus] / at[baseline] if baseline in at else math.nan,
                         "best_other": best, "vs_best_other": at[focus] / others[best] if best else math.nan})
+            if not sim and summaries:
+                out[-1]["vs_plain_paired"], out[-1]["vs_best_other_paired"] = _paired(summaries, c, focus, baseline)
     return out
 
 
@@ -88,11 +112,15 @@ def bench_markdown(result: dict[str, Any]) -> str:
                 f"{_f(r['latency_p99_s'])} | {_f(r['ttft_p50_s'])} | {_f(r['tpot_p50_ms'], 1)} |")
         lines.append("")
     if result.get("ratios"):
-        lines += ["## Throughput ratios", "", "| c | measured/simulated | sps-greedy / plain | best other | "
-                  "sps-greedy / best other |", "|---|---|---|---|---|"]
+        lines += ["## Throughput ratios", "",
+                  "Ratios of the medians; *paired*: the median over repeats of each repeat's own ratio (runs "
+                  "of one repeat are close in time, so a shared machine's drift cancels).", "",
+                  "| c | measured/simulated | sps-greedy / plain | best other | sps-greedy / best other | "
+                  "paired / plain | paired / best other |", "|---|---|---|---|---|---|---|"]
         for q in result["ratios"]:
             lines.append(f"| {q['concurrency']} | {'simulated' if q['simulated'] else 'measured'} | "
-                         f"{_f(q['vs_plain'], 3)} | {q['best_other']} | {_f(q['vs_best_other'], 3)} |")
+                         f"{_f(q['vs_plain'], 3)} | {q['best_other']} | {_f(q['vs_best_other'], 3)} | "
+                         f"{_f(q.get('vs_plain_paired', math.nan), 3)} | {_f(q.get('vs_best_other_paired', math.nan), 3)} |")
         lines.append("")
     if result.get("agreement"):
         lines += ["## Simulation vs measurement (same profile, fitted drafting/overhead times)", "",

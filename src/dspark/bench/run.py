@@ -369,7 +369,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
             "cost_model": f"sps-table ({opts.profile or out / 'profile.json'})",
             "simulation_cost_model": sim_desc, "title": title,
             "command": " ".join(["dspark", *sys.argv[1:]])}
-    result = {"meta": meta, "rows": rows, "ratios": ratios(rows), "agreement": agreement(rows),
+    result = {"meta": meta, "rows": rows, "ratios": ratios(rows, summaries=summaries), "agreement": agreement(rows),
               "time_model": time_model.to_dict() if time_model else None, "runs": summaries}
     if opts.mode in ("simulate", "both"):  # the same inputs, in the formats serving engines read
         from dspark.interop import survival_from_rounds, write_interop
