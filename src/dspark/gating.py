@@ -72,7 +72,12 @@ from typing import Any
 import torch
 from attrs import define, field, frozen, validators
 
-from dspark.cost_models import best_fixed_length, round_seconds
+from dspark.cost_models.accounting import (
+    best_length,
+    check_survival,
+    fixed_length_rates,
+    round_seconds,
+)
 from dspark.protocols.cost_model import CostModel
 
 __all__ = ["DraftGate", "GatePrior", "batch_bucket"]
@@ -102,12 +107,12 @@ class _Rate:
 
 
 def _survival(value: Any) -> tuple[float, ...]:
-    return tuple(float(v) for v in value)
+    return tuple(check_survival(value))
 
 
-def _check_survival(_: Any, __: Any, s: tuple[float, ...]) -> None:
-    if not s or any(not 0.0 <= v <= 1.0 for v in s) or any(b > a + 1e-12 for a, b in zip(s, s[1:])):
-        raise ValueError(f"survival must be non-increasing probabilities s_1 ≥ s_2 ≥ ... in [0, 1], got {list(s)}")
+def _plain_step_seconds(cost_model: CostModel, num_requests: int) -> float:
+    """t(B₀) + α(R): the cost model's plain decoding step of R requests."""
+    return round_seconds(cost_model, cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long)), num_requests)
 
 
 def _overheads(value: Any) -> dict[int, float]:
@@ -126,7 +131,7 @@ class GatePrior:
     a drafted round spends beyond a plain round at R requests, besides the verification of its
     drafts (drafting, the drafter catching up, bookkeeping), timed at some R."""
 
-    survival: tuple[float, ...] = field(converter=_survival, validator=_check_survival)
+    survival: tuple[float, ...] = field(converter=_survival)
     draft_overhead: Mapping[int, float] = field(converter=_overheads, validator=_check_overheads)
 
     def overhead_at(self, num_requests: int) -> float:
@@ -299,10 +304,8 @@ class DraftGate:
             return None
         b = batch_bucket(num_requests)
         base = max(self.plain_overhead[b].value, 0.0) if b in self.plain_overhead else 0.0
-        _, best = best_fixed_length(s, cost_model, num_requests, extra, base)
-        B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
-        plain = num_requests / (round_seconds(cost_model, B0, num_requests) + base)
-        return best / plain
+        rates = fixed_length_rates(s, cost_model, num_requests, extra, base)  # [γ + 1], k = 0 is plain
+        return best_length(rates)[1] / rates[0]
 
     def predicts_loss(self, num_requests: int, cost_model: CostModel) -> bool:
         """True when the forecast says no draft length beats plain decoding (by ``forecast_margin``)."""
@@ -337,9 +340,8 @@ class DraftGate:
         b = batch_bucket(num_requests)
         if not drafted:
             self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
-            B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
             self.plain_overhead.setdefault(b, _Mean()).add(
-                seconds - round_seconds(cost_model, B0, num_requests), self.decay)
+                seconds - _plain_step_seconds(cost_model, num_requests), self.decay)
             return False
         if lengths is not None and accepted is not None:
             if survival is not None:
@@ -390,5 +392,4 @@ class DraftGate:
         """Measured plain tokens / s in this bucket; before any plain round: the cost model's R / t(B₀)."""
         if bucket in self.plain:
             return self.plain[bucket].rate
-        B0 = cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long))
-        return num_requests / round_seconds(cost_model, B0, num_requests)
+        return num_requests / _plain_step_seconds(cost_model, num_requests)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from dspark.cost_models import best_fixed_length
+from dspark.cost_models import best_fixed_length, check_survival
 from dspark.profiling import ProfileFitError, additive_cost_fit
 
 __all__ = [
@@ -169,9 +169,7 @@ def best_fixed_lengths(
     ``cost_model`` gives the verification step time t(B); ``draft_seconds(R)`` the drafting time.
     The result is made non-increasing in R (both engines expect shorter drafts at larger batches).
     """
-    s = [float(v) for v in survival]
-    if not s or any(not 0.0 <= v <= 1.0 for v in s) or any(b > a + 1e-12 for a, b in zip(s, s[1:])):
-        raise ValueError("survival must be non-increasing probabilities s_1 ≥ s_2 ≥ ... in [0, 1]")
+    s = check_survival(survival)
     out, cap = {}, len(s)
     for R in sorted(batch_sizes):
         best_k, _ = best_fixed_length(s, cost_model, R, draft_seconds(R))

@@ -28,6 +28,8 @@ from dspark.cost_models.accounting import (
     batch_overhead,
     batch_size,
     best_fixed_length,
+    check_survival,
+    fixed_length_rates,
     round_seconds,
 )
 from dspark.cost_models.profiles import ProfileError, SPSProfile, default_profile_path
@@ -60,7 +62,9 @@ __all__ = [
     "batch_overhead",
     "batch_size",
     "best_fixed_length",
+    "check_survival",
     "default_profile_path",
+    "fixed_length_rates",
     "kv_bytes_per_token",
     "kv_bytes_per_token_from_config",
     "round_seconds",

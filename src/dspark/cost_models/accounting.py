@@ -16,6 +16,9 @@ __all__ = [
     "batch_overhead",
     "batch_size",
     "best_fixed_length",
+    "best_length",
+    "check_survival",
+    "fixed_length_rates",
     "round_seconds",
 ]
 
@@ -72,24 +75,45 @@ def round_seconds(cost_model: Any, batch_size: int, num_requests: int) -> float:
     return float(cost_model.step_seconds(torch.tensor([batch_size]))[0]) + batch_overhead(cost_model, num_requests)
 
 
-def best_fixed_length(survival: Any, cost_model: Any, num_requests: int,
-                      draft_seconds: float = 0.0, round_overhead: float = 0.0) -> tuple[int, float]:
-    """The fixed draft length k ∈ 0..γ of highest expected throughput at R requests, and that rate.
+def check_survival(survival: Any) -> list[float]:
+    """s_j = P(accepted ≥ j), j = 1..γ, as floats; raises unless non-increasing probabilities."""
+    s = [float(v) for v in survival]
+    if not s or any(not 0.0 <= v <= 1.0 for v in s) or any(b > a + 1e-12 for a, b in zip(s, s[1:])):
+        raise ValueError(f"survival must be non-increasing probabilities s_1 ≥ s_2 ≥ ... in [0, 1], got {s}")
+    return s
+
+
+def fixed_length_rates(survival: Any, cost_model: Any, num_requests: int,
+                       draft_seconds: float = 0.0, round_overhead: float = 0.0) -> list[float]:
+    """Expected tokens / second at R requests all drafting k, for k = 0..γ (k = 0: plain decoding).
 
     ``survival`` s_j = P(accepted ≥ j), j = 1..γ; a round of R requests all drafting k commits
     R · (1 + Σ_{j≤k} s_j) tokens in t(B_k) + α(R) + ``round_overhead`` + ``draft_seconds`` (k > 0)
-    seconds, B_k the cost model's batch for ℓ = k everywhere. k = 0 is plain decoding (no drafting).
-    Returns (k*, tokens / second at k*).
+    seconds, B_k the cost model's batch for ℓ = k everywhere.
     """
     s = [float(v) for v in survival]
-    best_k, best = 0, -1.0
+    rates = []
     for k in range(len(s) + 1):
         B = cost_model.batch_size(torch.full((num_requests,), k, dtype=torch.long))
         t = round_seconds(cost_model, B, num_requests) + round_overhead + (draft_seconds if k else 0.0)
-        rate = num_requests * (1.0 + sum(s[:k])) / t
+        rates.append(num_requests * (1.0 + sum(s[:k])) / t)
+    return rates
+
+
+def best_length(rates: Any) -> tuple[int, float]:
+    """(k*, rate) of the highest of ``rates`` [γ + 1] (:func:`fixed_length_rates`); a longer k must
+    win by more than 1e-9 relative."""
+    best_k, best = 0, -1.0
+    for k, rate in enumerate(rates):
         if rate > best * (1 + 1e-9):
             best_k, best = k, rate
     return best_k, best
+
+
+def best_fixed_length(survival: Any, cost_model: Any, num_requests: int,
+                      draft_seconds: float = 0.0, round_overhead: float = 0.0) -> tuple[int, float]:
+    """The fixed draft length k ∈ 0..γ of highest expected throughput at R requests, and that rate."""
+    return best_length(fixed_length_rates(survival, cost_model, num_requests, draft_seconds, round_overhead))
 
 
 # --------------------------------------------------------------------------------------------
