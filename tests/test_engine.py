@@ -328,3 +328,43 @@ def test_a_scheduler_returning_something_else_is_named():
     engine.add_request(torch.tensor([1, 2, 1, 2, 1]), SamplingParams.greedy(), max_new_tokens=4)
     with pytest.raises(TypeError, match=r"scheduler 'broken' must return integer lengths ℓ of shape \[R=1\], got list"):
         engine.step()
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["ungated", "gated"])
+@pytest.mark.parametrize("dname", ["dspark:vanilla-markov", "dflash", "eagle3"])
+def test_drafts_equal_a_fresh_loop_fed_the_whole_context(model, dname, gated):
+    """An independent oracle for the engine's feature bookkeeping (prefill features, per-round
+    chunks, catch-up after gated rounds, requests joining mid-stream): every round's drafts equal
+    those of a fresh drafting loop given, in one piece, the features of one prefill over the
+    request's final sequence up to the anchor."""
+    target = HFTarget(model)
+    drafter = drafter_for(target, dname)
+    engine = Engine(target, drafter, scheduler="full", cost_model=FLAT, clock=TickClock(),
+                    draft_gate=gate_for("+gate") if gated else None)
+    draft, seen = drafter.draft, []
+
+    def spy(ctx):
+        block = draft(ctx)
+        for i, (rid, ids) in enumerate(zip(ctx.request_ids, ctx.token_ids)):
+            seen.append((rid, ids.numel() - 1, block.tokens[i].clone(), block.draft_logits[i].clone()))
+        return block
+
+    drafter.draft = spy
+    rids, done = run_with_late_join(engine, [torch.tensor(p) for p in PROMPTS], 20)
+    assert len(seen) > 10
+    full = {rid: torch.tensor(done[rid].prompt_ids + done[rid].output_ids) for rid in rids}
+    feats = {}
+    target.set_capture_layers(drafter.target_layer_ids)  # the gate may have paused capture
+    for rid, seq in full.items():
+        out = target.prefill(["oracle"], [seq], logits=False)
+        feats[rid] = torch.cat([out.hidden_states[k] for k in drafter.target_layer_ids], -1)[0]  # [n - 1, m·d]
+        target.release("oracle")
+    for rid, anchor, tokens, logits in seen:
+        drafter.release("oracle")
+        ctx = dspark.protocols.DraftContext(
+            ["oracle"], [full[rid][: anchor + 1]], [SamplingParams.greedy()], [torch.Generator()],
+            features={"hidden": [feats[rid][:anchor]], "hidden_start": [0]})
+        ref = draft(ctx)
+        n = int(ref.valid_lengths[0])
+        assert tokens[:n].tolist() == ref.tokens[0, :n].tolist(), f"{dname}: {rid} at anchor {anchor}"
+        torch.testing.assert_close(logits[:n], ref.draft_logits[0, :n], atol=1e-4, rtol=1e-4)
