@@ -95,3 +95,24 @@ def test_forecast_blocks_reopening_where_drafting_cannot_pay():
     g.skip, g._skip_for = 10, frozenset({"a", "b"})
     assert not g.should_draft(["c", "d"], cm) and g.reopened == 0
     assert g.should_draft(["e", "f"]) and g.reopened == 1  # without a cost model, no forecast: reopens
+
+
+def test_one_requests_rejected_opening_does_not_replace_the_prior():
+    """At R = 1 the first rounds are the opening of one answer; a drafter may miss all of it while
+    it accepts often elsewhere (bench14c, c = 1). Eight rejected rounds of one request leave the
+    prior's survival (the forecast still says drafting pays, so no 256-round skip follows the
+    measured loss); rounds from min_requests = 4 distinct requests replace it."""
+    cm = _cost({b: 0.01 + 0.0005 * b for b in range(1, 33)})
+    g = DraftGate(prior=GatePrior([0.6, 0.4, 0.2], {1: 0.002}))
+    surv = torch.tensor([[0.6, 0.36, 0.216]])  # [R = 1, γ = 3]
+    for _ in range(8):
+        assert g.should_draft(["a"], cm)
+        g.observe(1, True, 1, 0.015, cm, draft_seconds=0.002, gamma=3, expected=1.6,
+                  lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv)
+    assert g.survival() == pytest.approx([0.6, 0.4, 0.2])
+    assert not g.predicts_loss(1, cm) and g.skip < g.hopeless_skip
+    for rid in "bcd":  # three more requests, just as badly drafted: now the measurement holds
+        g.should_draft([rid], cm)  # the round's request (its decision does not matter here)
+        g.observe(1, True, 1, 0.015, cm, lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv)
+    assert g.survival() == pytest.approx([0.0, 0.0, 0.0])
+    assert g.predicts_loss(1, cm)

@@ -57,8 +57,9 @@ the overhead timed at some R) lets the forecast decide from the first round; wit
 once ``min_evidence`` drafted request-rounds have been seen, an overhead measured at another bucket
 scaled by the cost model's full-block step time (the drafter's forward is a block of R · (γ + 1)
 tokens too). The probes keep a wrong prior from holding
-forever: ``min_evidence`` drafted request-rounds replace its survival, and as many in a bucket hand
-the decision there to the measured rates.
+forever: ``min_evidence`` drafted request-rounds from at least ``min_requests`` distinct requests
+replace its survival (one request's rounds are correlated: a drafter may miss the whole opening of
+an answer), and as many request-rounds in a bucket hand the decision there to the measured rates.
 
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
@@ -196,6 +197,7 @@ class DraftGate:
     prior: GatePrior | None = field(default=None, validator=validators.optional(validators.instance_of(GatePrior)))
     forecast_margin: float = field(default=1.0, converter=float, validator=validators.gt(0.0))
     forecast_probe: int = field(default=512, validator=[validators.instance_of(int), validators.ge(1)])
+    min_requests: int = field(default=4, validator=[validators.instance_of(int), validators.ge(1)])
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
@@ -210,6 +212,7 @@ class DraftGate:
     survival_weight: float = field(default=0.0, init=False)  # decayed request-rounds in survival_sum
     accepted_drafts: _Rate = field(factory=_Rate, init=False)  # accepted ("tokens") vs expected ("seconds") drafts
     survival_evidence: int = field(default=0, init=False)  # drafted request-rounds seen
+    survival_requests: set = field(factory=set, init=False)  # distinct drafted requests (up to min_requests)
     overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → drafted seconds beyond t(B) + α(R)
     plain_overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → plain seconds beyond t(R) + α(R)
     _probe_next: bool = field(default=False, init=False)  # the round after a forecast skip drafts
@@ -261,10 +264,14 @@ class DraftGate:
 
     # -- the forecast ----------------------------------------------------------------------
     def survival(self) -> list[float] | None:
-        """s_j, j = 1..γ: measured once ``min_evidence`` drafted request-rounds were seen (the mean
-        calibrated prefix survival, times accepted / expected-accepted drafts where the scheduler
-        verified any, clipped to 1); before that the prior's, or None."""
-        if self.survival_evidence < self.min_evidence or self.survival_sum is None:
+        """s_j, j = 1..γ: measured once ``min_evidence`` drafted request-rounds of at least
+        ``min_requests`` distinct requests were seen (the mean calibrated prefix survival, times
+        accepted / expected-accepted drafts where the scheduler verified any, clipped to 1); before
+        that the prior's, or None. Distinct requests, because acceptance is correlated within one:
+        at R = 1 the first eight rounds are the opening of one answer, which a drafter may miss
+        entirely while accepting 40 % over the rest of the workload (measured: bench14c, c = 1)."""
+        if (self.survival_evidence < self.min_evidence or self.survival_sum is None
+                or len(self.survival_requests) < self.min_requests):
             return list(self.prior.survival) if self.prior is not None else None
         mean = self.survival_sum / max(self.survival_weight, 1e-12)  # [γ]
         a = self.accepted_drafts
@@ -316,6 +323,12 @@ class DraftGate:
         """survival [R, γ] calibrated prefix survival (cumprod of the calibrated confidences),
         lengths [R] verified drafts, accepted [R] accepted drafts."""
         survival = survival.detach().double().reshape(lengths.numel(), -1)  # [R, γ]
+        # the round's request ids (from should_draft); rounds observed without them count as distinct
+        ids = self._current or {("anonymous", self.survival_evidence + i) for i in range(lengths.numel())}
+        for rid in ids:
+            if len(self.survival_requests) >= self.min_requests:
+                break
+            self.survival_requests.add(rid)
         keep = 1.0 - self.calibration_decay
         total = survival.sum(dim=0)  # [γ]
         if self.survival_sum is None or self.survival_sum.numel() != total.numel():
