@@ -116,3 +116,18 @@ def test_one_requests_rejected_opening_does_not_replace_the_prior():
         g.observe(1, True, 1, 0.015, cm, lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv)
     assert g.survival() == pytest.approx([0.0, 0.0, 0.0])
     assert g.predicts_loss(1, cm)
+
+
+def test_one_slow_round_does_not_replace_the_prior_overhead():
+    """A request's first drafted round also ingests its whole prompt: at R = 1 that one round must
+    not replace the prior's overhead (it would forecast a loss and skip 512 rounds, bench15a);
+    min_evidence = 8 request-rounds do."""
+    cm = _cost({b: 0.01 for b in range(1, 33)})  # flat: verifying drafts is free
+    g = DraftGate(prior=GatePrior([0.5, 0.3], {1: 0.002}))
+    surv = torch.tensor([[0.5, 0.3]])
+    g.should_draft(["a"], cm)
+    g.observe(1, True, 2, 0.01 + 0.030, cm, lengths=torch.tensor([2]), accepted=torch.tensor([1]), survival=surv)
+    assert g.draft_overhead(1, cm, 2) == pytest.approx(0.002) and not g.predicts_loss(1, cm)
+    for _ in range(7):
+        g.observe(1, True, 2, 0.01 + 0.030, cm, lengths=torch.tensor([2]), accepted=torch.tensor([1]), survival=surv)
+    assert g.draft_overhead(1, cm, 2) == pytest.approx(0.030) and g.predicts_loss(1, cm)

@@ -165,10 +165,12 @@ class _Mean:
 
     total: float = 0.0
     weight: float = 0.0
+    count: int = 0  # values added
 
     def add(self, value: float, decay: float) -> None:
         self.total = (1 - decay) * self.total + value
         self.weight = (1 - decay) * self.weight + 1.0
+        self.count += 1
 
     @property
     def value(self) -> float:
@@ -280,16 +282,17 @@ class DraftGate:
 
     def draft_overhead(self, num_requests: int, cost_model: CostModel, gamma: int) -> float | None:
         """Seconds a drafted round spends beyond a plain one at R, besides verifying its drafts:
-        measured in this bucket, else the prior's, else the nearest measured bucket's scaled by the
-        cost model's full-block step time at R over there (the drafter's forward is a block of
-        R · (γ + 1) tokens too), else None."""
+        measured in this bucket (once ``min_evidence`` request-rounds were: a request's first
+        drafted round also ingests its whole prompt, so one round overstates it), else the prior's,
+        else the nearest measured bucket's scaled by the cost model's full-block step time at R over
+        there (the drafter's forward is a block of R · (γ + 1) tokens too), else None."""
         b = batch_bucket(num_requests)
 
         def measured(k: int) -> float:
             plain = self.plain_overhead[k].value if k in self.plain_overhead else 0.0
             return max(self.overhead[k].value - plain, 0.0)
 
-        if b in self.overhead:
+        if b in self.overhead and (self.overhead[b].count * num_requests >= self.min_evidence or self.prior is None):
             return measured(b)
         if self.prior is not None:
             return self.prior.overhead_at(num_requests)
