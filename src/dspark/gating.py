@@ -161,16 +161,16 @@ class GatePrior:
 
 @define
 class _Mean:
-    """An exponentially decayed mean."""
+    """An exponentially decayed mean of per-round values, and the request-rounds seen."""
 
     total: float = 0.0
     weight: float = 0.0
-    count: int = 0  # values added
+    evidence: int = 0
 
-    def add(self, value: float, decay: float) -> None:
+    def add(self, value: float, decay: float, requests: int) -> None:
         self.total = (1 - decay) * self.total + value
         self.weight = (1 - decay) * self.weight + 1.0
-        self.count += 1
+        self.evidence += requests
 
     @property
     def value(self) -> float:
@@ -271,7 +271,7 @@ class DraftGate:
         accepted / expected-accepted drafts where the scheduler verified any, clipped to 1); before
         that the prior's, or None. Distinct requests, because acceptance is correlated within one:
         at R = 1 the first eight rounds are the opening of one answer, which a drafter may miss
-        entirely while accepting 40 % over the rest of the workload (measured: bench14c, c = 1)."""
+        entirely while its position-1 survival over the workload is 0.43 (bench14c, c = 1)."""
         if (self.survival_evidence < self.min_evidence or self.survival_sum is None
                 or len(self.survival_requests) < self.min_requests):
             return list(self.prior.survival) if self.prior is not None else None
@@ -292,7 +292,7 @@ class DraftGate:
             plain = self.plain_overhead[k].value if k in self.plain_overhead else 0.0
             return max(self.overhead[k].value - plain, 0.0)
 
-        if b in self.overhead and (self.overhead[b].count * num_requests >= self.min_evidence or self.prior is None):
+        if b in self.overhead and (self.overhead[b].evidence >= self.min_evidence or self.prior is None):
             return measured(b)
         if self.prior is not None:
             return self.prior.overhead_at(num_requests)
@@ -357,13 +357,14 @@ class DraftGate:
         if not drafted:
             self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
             self.plain_overhead.setdefault(b, _Mean()).add(
-                seconds - _plain_step_seconds(cost_model, num_requests), self.decay)
+                seconds - _plain_step_seconds(cost_model, num_requests), self.decay, num_requests)
             return False
         if lengths is not None and accepted is not None:
             if survival is not None:
                 self._observe_acceptance(survival, lengths, accepted)
             B = cost_model.batch_size(lengths.long())
-            self.overhead.setdefault(b, _Mean()).add(seconds - round_seconds(cost_model, B, num_requests), self.decay)
+            self.overhead.setdefault(b, _Mean()).add(seconds - round_seconds(cost_model, B, num_requests), self.decay,
+                                                     num_requests)
         spec = self.speculative.setdefault(b, _Rate())
         if expected is None:
             spec.add(committed, seconds, num_requests, self.decay)
