@@ -96,6 +96,19 @@ def test_evaluate_and_calibrate(tiny):
     assert isinstance(cal, dspark.CalibrateResult) and cal.calibration_path.is_file()
     assert len(json.loads(cal.calibration_path.read_text())["temperatures"]) == 4  # one per draft position
     assert {"raw", "calibrated"} <= set(cal.report["overall"]) and (cal.out / "reliability.png").is_file()
+    # both fitted and reported on the held-out half, the lower mean ECE shipped
+    cands = cal.report["candidates"]
+    assert set(cands) == {"sts", "sts-bias"} and cal.report["n_bins"] == 20
+    assert cal.report["calibrator"] == min(cands, key=lambda n: cands[n]["mean_ece"])
+    shipped = json.loads(cal.calibration_path.read_text())
+    assert shipped["name"] == cal.report["calibrator"] == cal.calibrator.name
+    assert "STS + bias" in (cal.out / "calibration_report.md").read_text()
+    # a refit from the saved rounds decodes nothing and, asked for one calibrator, ships that one
+    again = dspark.calibrate(checkpoint=run.checkpoint, out=root / "cal", reuse_rounds=True, calibrator="sts-bias",
+                             model=root / "no-such-model", quiet=True)
+    assert again.calibrator.name == "sts-bias" and set(again.report["candidates"]) == {"sts-bias"}
+    assert again.report["test_rounds"] == cal.report["test_rounds"]
+    assert again.report["candidates"]["sts-bias"]["mean_ece"] == cands["sts-bias"]["mean_ece"]
 
 
 def test_run_bench(tiny):

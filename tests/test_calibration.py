@@ -1,4 +1,4 @@
-"""Calibrators (identity, temperature, STS), confidence metrics and the reliability diagram."""
+"""Calibrators (identity, temperature, STS, STS + bias), confidence metrics and the reliability diagram."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from dspark.calibration import (
     CalibratorFormatError,
     IdentityCalibrator,
+    STSBiasCalibrator,
     STSCalibrator,
     TemperatureCalibrator,
     load_calibrator,
@@ -102,7 +103,7 @@ def test_fit_returns_new_instance_and_leaves_self_unfitted(rounds):
 
 def test_all_builtins_satisfy_the_protocol(rounds):
     fit, _ = rounds
-    for cls in (IdentityCalibrator, TemperatureCalibrator, STSCalibrator):
+    for cls in (IdentityCalibrator, TemperatureCalibrator, STSCalibrator, STSBiasCalibrator):
         cal = cls().fit(fit.logits[:3000], fit.accepted[:3000])
         assert isinstance(cal, Calibrator)
         assert isinstance(cls.name, str)
@@ -181,7 +182,9 @@ def test_sts_shorter_block_uses_leading_temperatures_and_longer_block_fails():
         cal.calibrate(torch.zeros(1, 4))
 
 
-@pytest.mark.parametrize("cls", [IdentityCalibrator, TemperatureCalibrator, STSCalibrator])
+@pytest.mark.parametrize(
+    "cls", [IdentityCalibrator, TemperatureCalibrator, STSCalibrator, STSBiasCalibrator]
+)
 def test_save_load_round_trip(tmp_path, rounds, cls):
     fit, ev = rounds
     cal = cls().fit(fit.logits[:4000], fit.accepted[:4000])

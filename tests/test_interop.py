@@ -206,3 +206,13 @@ def test_request_overhead_lengthens_the_sps_greedy_schedule():
         "sps-table", profile={**base, "batch_overhead": [{"num_requests": 1, "seconds": 0.05}]}))
     assert plain.lengths.tolist() == [3] and heavy.lengths.tolist() == [4]
     assert heavy.expected_throughput == pytest.approx(heavy.expected_tokens / (0.014 + 0.05))
+
+
+def test_sts_bias_calibration_is_not_written_as_temperatures_only(tmp_path):
+    from dspark.calibration import STSBiasCalibrator
+
+    cal = STSBiasCalibrator(temperatures=(2.0, 2.0), biases=(-0.5, -0.4))
+    notes = write_interop(tmp_path, gamma=2, model="d", calibrator=cal)
+    # the file would drop the biases and mean σ(z / T) — a different calibration
+    assert not (tmp_path / "trtllm" / "sts.json").exists()
+    assert any("temperatures only" in n and "--calibrator sts" in n for n in notes), notes

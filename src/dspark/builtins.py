@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dspark.calibration import IdentityCalibrator, STSCalibrator, TemperatureCalibrator
+from dspark.calibration import (
+    IdentityCalibrator,
+    STSBiasCalibrator,
+    STSCalibrator,
+    TemperatureCalibrator,
+)
 from dspark.confidence import DraftHeadConfidence, MaxProbConfidence
 from dspark.cost_models import RooflineCostModel, SPSTableCostModel, default_profile_path
 from dspark.drafters import NGramDrafter
@@ -86,6 +91,7 @@ def register_calibrators(register: Register) -> None:
     register("identity", IdentityCalibrator)
     register("temperature", TemperatureCalibrator)
     register("sts", STSCalibrator)
+    register("sts-bias", STSBiasCalibrator)
 
 
 def _sps_table(profile: Any = None, **options: Any):

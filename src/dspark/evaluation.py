@@ -26,7 +26,7 @@ from attrs import frozen
 
 from dspark import serialization
 
-__all__ = ["Rounds", "collect_rounds", "evaluate_rounds", "threshold_sweep", "fit_sts_from_rounds"]
+__all__ = ["ECE_BINS", "Rounds", "collect_rounds", "evaluate_rounds", "threshold_sweep", "fit_sts_from_rounds"]
 
 
 @frozen
@@ -123,16 +123,23 @@ def threshold_sweep(a: torch.Tensor, accepted: torch.Tensor, thresholds: Sequenc
     return out
 
 
-def fit_sts_from_rounds(rounds: Rounds, objective: str = "ece") -> Any:
-    """STS on ``rounds``: T_j by survival ECE (the paper's objective, Brier breaks ECE ties) or by
-    Brier score alone (``objective="brier"``: a proper scoring rule, less prone to fitting the
-    bin noise of a small calibration set)."""
+ECE_BINS = 20
+"""Equal-width bins of the reported ECE (the paper's)."""
+
+
+def fit_sts_from_rounds(rounds: Rounds, objective: str = "ece", *, bias: bool = False,
+                        n_bins: int = ECE_BINS) -> Any:
+    """STS (``bias=True``: STS + per-position bias) on ``rounds``: T_j (and b_j) by survival ECE
+    with ``n_bins`` bins (the paper's objective, Brier breaks ECE ties) or by Brier score alone
+    (``objective="brier"``: a proper scoring rule, less prone to fitting the bin noise of a small
+    calibration set)."""
     import dspark
 
     if objective not in ("ece", "brier"):
         raise ValueError(f"objective must be 'ece' or 'brier', got {objective!r}")
-    sts = dspark.get_calibrator("sts", **({"ece_tolerance": 1.0} if objective == "brier" else {}))
-    return sts.fit(rounds.confidence_logits, rounds.accepted, rounds.verified)
+    kw = {"n_bins": n_bins, **({"ece_tolerance": 1.0} if objective == "brier" else {})}
+    cal = dspark.get_calibrator("sts-bias" if bias else "sts", **kw)
+    return cal.fit(rounds.confidence_logits, rounds.accepted, rounds.verified)
 
 
 def _summary(r: Rounds) -> dict[str, Any]:
@@ -142,9 +149,11 @@ def _summary(r: Rounds) -> dict[str, Any]:
             "verify_rate": float(r.verified.sum() / r.proposed.sum().clamp_min(1)) if n else math.nan}
 
 
-def evaluate_rounds(rounds: Rounds, calibrator: Any = None, thresholds: Sequence[float] = ()) -> dict[str, Any]:
+def evaluate_rounds(rounds: Rounds, calibrator: Any = None, thresholds: Sequence[float] = (),
+                    n_bins: int = ECE_BINS) -> dict[str, Any]:
     """Per domain and overall: τ, proposal length, verify rate, the confidence report (raw and,
-    with ``calibrator``, calibrated), and the threshold sweep on calibrated survival."""
+    with ``calibrator``, calibrated; ECE over ``n_bins`` equal-width bins), and the threshold sweep
+    on calibrated survival."""
     from dspark.metrics import confidence_report
 
     domains = sorted(set(rounds.domain))
@@ -153,11 +162,11 @@ def evaluate_rounds(rounds: Rounds, calibrator: Any = None, thresholds: Sequence
         r = rounds if name is None else rounds.take(torch.tensor([d == name for d in rounds.domain]))
         res = _summary(r)
         raw_c = torch.sigmoid(r.confidence_logits.float())
-        res["raw"] = confidence_report(raw_c, r.accepted, r.verified).to_dict()
+        res["raw"] = confidence_report(raw_c, r.accepted, r.verified, n_bins).to_dict()
         cal_c = raw_c
         if calibrator is not None:
             cal_c = calibrator.calibrate(r.confidence_logits.float()).float()
-            res["calibrated"] = confidence_report(cal_c, r.accepted, r.verified).to_dict()
+            res["calibrated"] = confidence_report(cal_c, r.accepted, r.verified, n_bins).to_dict()
         if thresholds:
             res["threshold_sweep"] = threshold_sweep(torch.cumprod(cal_c, 1), r.accepted, thresholds, r.proposed)
         if name is None:

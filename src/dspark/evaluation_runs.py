@@ -122,6 +122,9 @@ class CalibrateOptions(NamespaceOptions):
     out: str | None = field(default=None, converter=optional_path)
     temperature: float = field(default=0.0, validator=at_least(0, integer=False))
     objective: str = field(default="ece", validator=one_of("ece", "brier"))
+    calibrator: str = field(default="best", validator=one_of("best", "sts", "sts-bias"))
+    bins: int = field(default=20, validator=at_least(1))
+    reuse_rounds: bool = False
     skip: int = field(default=12, validator=at_least(0))
     prompts: str | None = field(default=None, converter=optional_path)
     per_domain: int = field(default=40, validator=at_least(1))
@@ -191,54 +194,101 @@ class EvalResult:
 
 
 def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> CalibrateResult:
-    """Run a drafter against the target on held-out prompts (every position verified), fit STS on
-    half of them and report on the other half; writes ``calibration.json``, the report
-    (Markdown, JSON), the rounds and ``reliability.png`` to ``options.out`` (default: the
-    checkpoint folder). ``overrides`` replace fields of ``options`` (or give all: ``checkpoint=``)."""
+    """Run a drafter against the target on held-out prompts (every position verified), fit STS
+    and STS + per-position bias on half of them and report both on the other half; ships the one
+    with the lower mean held-out survival ECE (``calibrator="best"``) or the one named. Writes
+    ``calibration.json``, the report (Markdown, JSON), the rounds and ``reliability.png`` to
+    ``options.out`` (default: the checkpoint folder). ``overrides`` replace fields of ``options``
+    (or give all: ``checkpoint=``)."""
     import torch
 
     from dspark.checkpoints import resolve_checkpoint
-    from dspark.evaluation import collect_rounds, evaluate_rounds, fit_sts_from_rounds, save_json
+    from dspark.evaluation import (
+        Rounds,
+        collect_rounds,
+        evaluate_rounds,
+        fit_sts_from_rounds,
+        save_json,
+    )
     from dspark.metrics import survival_labels, verified_mask
     from dspark.plotting import reliability_diagram
 
     opts = resolve_options(CalibrateOptions, options, overrides)
     _check_drafter_spec(opts.checkpoint)  # a missing checkpoint or prompt file fails before the model loads
-    prompts = eval_prompts(opts.prompts, opts.per_domain, skip=opts.skip)
-    target = _target(opts.model, opts.dtype)
-    label, drafter, _ = load_drafter_spec(opts.checkpoint, target)
-    # fit on half of the held-out prompts, report on the other half (split by prompt hash)
-    fit_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 0]
-    test_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 1]
-    sampling = _sampling(opts.temperature)
-    kw = dict(max_new_tokens=opts.max_new_tokens, concurrency=opts.concurrency, progress=not opts.quiet)
-    fit_r = collect_rounds(target, drafter, fit_p, sampling, **kw)
-    test_r = collect_rounds(target, drafter, test_p, sampling, **kw)
-    cal = fit_sts_from_rounds(fit_r, objective=opts.objective)
     out = Path(opts.out) if opts.out else resolve_checkpoint(_spec_path(opts.checkpoint))
+    rounds_path = out / "calibration_rounds.json"
+    if rounds_path.is_file() and opts.reuse_rounds:  # refit on the rounds a previous run collected
+        import json
+
+        saved = json.loads(rounds_path.read_text())
+        fit_r, test_r = Rounds.from_dict(saved["fit"]), Rounds.from_dict(saved["test"])
+        label = saved.get("drafter", opts.checkpoint)
+        n_fit_p, n_test_p = saved.get("fit_prompts"), saved.get("test_prompts")
+    else:
+        prompts = eval_prompts(opts.prompts, opts.per_domain, skip=opts.skip)
+        target = _target(opts.model, opts.dtype)
+        label, drafter, _ = load_drafter_spec(opts.checkpoint, target)
+        # fit on half of the held-out prompts, report on the other half (split by prompt hash)
+        fit_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 0]
+        test_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 1]
+        sampling = _sampling(opts.temperature)
+        kw = dict(max_new_tokens=opts.max_new_tokens, concurrency=opts.concurrency, progress=not opts.quiet)
+        fit_r = collect_rounds(target, drafter, fit_p, sampling, **kw)
+        test_r = collect_rounds(target, drafter, test_p, sampling, **kw)
+        n_fit_p, n_test_p = len(fit_p), len(test_p)
+        out.mkdir(parents=True, exist_ok=True)
+        save_json({"fit": fit_r.to_dict(), "test": test_r.to_dict(), "drafter": label,  # refits need no rerun
+                   "fit_prompts": n_fit_p, "test_prompts": n_test_p}, rounds_path)
+    names = ("sts", "sts-bias") if opts.calibrator == "best" else (opts.calibrator,)
+    fitted = {n: fit_sts_from_rounds(fit_r, objective=opts.objective, bias=n == "sts-bias", n_bins=opts.bins)
+              for n in names}
+    reports = {n: evaluate_rounds(test_r, c, n_bins=opts.bins) for n, c in fitted.items()}
+    mean_ece = {n: _nanmean(r["overall"]["calibrated"]["ece"]) for n, r in reports.items()}
+    chosen = min(names, key=lambda n: mean_ece[n])
+    cal, report = fitted[chosen], reports[chosen]
     out.mkdir(parents=True, exist_ok=True)
     cal.save(out / "calibration.json")
-    save_json({"fit": fit_r.to_dict(), "test": test_r.to_dict()}, out / "calibration_rounds.json")  # refits need no rerun
-    report = evaluate_rounds(test_r, cal)
     report.update({"drafter": label, "fit_rounds": len(fit_r.domain), "test_rounds": len(test_r.domain),
-                   "temperatures": list(cal.to_dict()["temperatures"]),
+                   "n_bins": opts.bins, "calibrator": chosen, "temperatures": list(cal.temperatures),
+                   "biases": list(getattr(cal, "biases", ())),
+                   "candidates": {n: {"temperatures": list(c.temperatures), "biases": list(getattr(c, "biases", ())),
+                                      "mean_ece": mean_ece[n], "calibrated": reports[n]["overall"]["calibrated"]}
+                                  for n, c in fitted.items()},
                    "command": " ".join(["dspark", *sys.argv[1:]])})
     save_json(report, out / "calibration_report.json")
     ov = report["overall"]
-    md = [f"# Calibration of {label}", "", f"Fitted STS on {len(fit_r.domain)} rounds ({len(fit_p)} prompts); "
-          f"scored on {len(test_r.domain)} held-out rounds ({len(test_p)} prompts).", "",
-          "Temperatures: " + ", ".join(f"{t:.3f}" for t in report["temperatures"]), "",
-          _report_table(ov["raw"], "before (raw)"), _report_table(ov["calibrated"], "after (STS)"),
-          f"Command: `{report['command']}`", ""]
+    prompts_note = f" ({n_fit_p} prompts)" if n_fit_p else ""
+    test_note = f" ({n_test_p} prompts)" if n_test_p else ""
+    md = [f"# Calibration of {label}", "",
+          f"Fitted on {len(fit_r.domain)} rounds{prompts_note}; scored on {len(test_r.domain)} held-out "
+          f"rounds{test_note}. ECE: survival ECE with {opts.bins} equal-width bins.", "",
+          _report_table(ov["raw"], "before (raw)")]
+    for n, c in fitted.items():
+        params = "T = " + ", ".join(f"{t:.3f}" for t in c.temperatures)
+        if n == "sts-bias":
+            params += "; b = " + ", ".join(f"{b:+.3f}" for b in c.biases)
+        md += [_report_table(reports[n]["overall"]["calibrated"],
+                             f"after ({_CAL_TITLES[n]}; mean ECE {100 * mean_ece[n]:.2f} %)"), params, ""]
+    md += [f"Shipped: **{_CAL_TITLES[chosen]}**"
+           + (" (the lower mean held-out ECE)" if len(names) > 1 else " (asked for)"), "",
+           f"Command: `{report['command']}`", ""]
     (out / "calibration_report.md").write_text("\n".join(md))
     z = test_r.confidence_logits.float()
     gamma = z.shape[1]
     y, _ = survival_labels(test_r.accepted, gamma, test_r.verified)
     mask = verified_mask(test_r.accepted, gamma, test_r.verified)
-    reliability_diagram({"raw": (torch.cumprod(torch.sigmoid(z), 1), y, mask),
-                         "sts": (torch.cumprod(cal.calibrate(z).float(), 1), y, mask)},
-                        out / "reliability.png", title=f"{label}: prefix survival, held-out rounds")
+    curves = {"raw": (torch.cumprod(torch.sigmoid(z), 1), y, mask)}
+    curves.update({n: (torch.cumprod(c.calibrate(z).float(), 1), y, mask) for n, c in fitted.items()})
+    reliability_diagram(curves, out / "reliability.png", title=f"{label}: prefix survival, held-out rounds")
     return CalibrateResult(out, cal, report)
+
+
+_CAL_TITLES = {"sts": "STS", "sts-bias": "STS + bias"}
+
+
+def _nanmean(values: list[Any]) -> float:
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(vals) / len(vals) if vals else math.inf
 
 
 def _fmt(v: Any, pct: bool = False) -> str:
@@ -260,8 +310,13 @@ def _report_table(rep: dict[str, Any], title: str) -> str:
 def print_calibration(report: dict[str, Any]) -> None:
     """ECE and AUROC per position, raw and calibrated (a :class:`CalibrateResult`'s report)."""
     ov = report["overall"]
-    for name in ("raw", "calibrated"):
-        r = ov.get(name)
+    rows = [("raw", ov.get("raw"))]
+    cands = report.get("candidates") or {}
+    if cands:  # every calibrator fitted, the shipped one marked
+        rows += [(("* " if n == report.get("calibrator") else "") + n, c["calibrated"]) for n, c in cands.items()]
+    else:
+        rows.append(("calibrated", ov.get("calibrated")))
+    for name, r in rows:
         if r:
             print(f"{name:>10}: ECE per position " + " ".join(_fmt(e, True) for e in r["ece"])
                   + " | AUROC " + " ".join(_fmt(a) for a in r["auroc"]))

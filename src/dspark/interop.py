@@ -294,6 +294,9 @@ def write_interop(
 
     if calibrator is not None and getattr(calibrator, "name", None) == "sts":
         dump("trtllm/sts.json", trtllm_sts(calibrator))
+    elif calibrator is not None and getattr(calibrator, "name", None) == "sts-bias":
+        notes.append("STS + bias calibration: TensorRT-LLM's confidence_sts_path holds temperatures only, "
+                     "trtllm/sts.json not written (refit with `dspark calibrate --calibrator sts` to export one)")
     else:
         notes.append("no STS calibration: trtllm/sts.json not written")
     if profile is not None:

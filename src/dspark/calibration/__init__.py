@@ -10,15 +10,18 @@ defined in :mod:`dspark.metrics`.
   against the per-step conditional labels.
 * :class:`STSCalibrator` — sequential temperature scaling: for j = 1..γ in order, T_j minimises the
   survival ECE of Π_{i≤j} σ(z_i / T_i) against [accepted ≥ j], earlier T fixed.
+* :class:`STSBiasCalibrator` — STS with a per-position bias, c_j = σ(z_j / T_j + b_j), (T_j, b_j)
+  fitted in the same sequential way.
 
 Calibrators are frozen: ``fit`` returns a new fitted instance and leaves ``self`` untouched.
 
 JSON format (``to_dict`` / ``save`` / :func:`load_calibrator`)::
 
     {"format": "dspark.calibrator", "format_version": 1,
-     "name": "sts",                 # dispatch key: identity | temperature | sts
+     "name": "sts",                 # dispatch key: identity | temperature | sts | sts-bias
      "gamma": 7,                    # positions fitted (null: unfitted / any length)
-     "temperatures": [T_1, ...],    # identity: [], temperature: [T] (shared), sts: [T_1..T_γ]
+     "temperatures": [T_1, ...],    # identity: [], temperature: [T] (shared), sts(-bias): [T_1..T_γ]
+     "biases": [b_1, ...],          # sts-bias only: one b_j per position
      "options": {...},              # fitting hyper-parameters: the fields but T and fit_info
      "fit": null | {"n_samples": N, "gamma": γ, "n_labelled": [...], "n_bins": 15,
                     "objective": "...", "ece_before": [...], "ece_after": [...]}}
@@ -39,6 +42,7 @@ from __future__ import annotations
 from dspark.calibration.calibrators import (
     BUILTIN_CALIBRATORS,
     IdentityCalibrator,
+    STSBiasCalibrator,
     STSCalibrator,
     TemperatureCalibrator,
 )
@@ -53,6 +57,7 @@ __all__ = [
     "CalibratorFormatError",
     "FitInfo",
     "IdentityCalibrator",
+    "STSBiasCalibrator",
     "STSCalibrator",
     "SyntheticRounds",
     "TemperatureCalibrator",

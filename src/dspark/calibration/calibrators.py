@@ -1,4 +1,5 @@
-"""The built-in calibrators: identity, one temperature, sequential temperature scaling (STS).
+"""The built-in calibrators: identity, one temperature, sequential temperature scaling (STS) and
+STS with a per-position bias.
 
 Terms (z, c_j, a_j) and the JSON format are defined in :mod:`dspark.calibration`.
 """
@@ -16,7 +17,14 @@ import torch
 from attrs import field, frozen
 
 from dspark import serialization
-from dspark.calibration.fitting import check_logits, fit_data, fit_info, fit_temperature, sts_search
+from dspark.calibration.fitting import (
+    check_logits,
+    fit_data,
+    fit_info,
+    fit_temperature,
+    sts_bias_search,
+    sts_search,
+)
 from dspark.calibration.format import (
     CalibratorFormatError,
     FitInfo,
@@ -30,7 +38,13 @@ from dspark.calibration.format import (
 )
 from dspark.metrics import conditional_labels, survival_labels, verified_mask
 
-__all__ = ["BUILTIN_CALIBRATORS", "IdentityCalibrator", "STSCalibrator", "TemperatureCalibrator"]
+__all__ = [
+    "BUILTIN_CALIBRATORS",
+    "IdentityCalibrator",
+    "STSBiasCalibrator",
+    "STSCalibrator",
+    "TemperatureCalibrator",
+]
 
 
 def _temperature(_inst: object, attribute: attrs.Attribute, value: float) -> None:
@@ -278,6 +292,151 @@ class STSCalibrator:
         )
 
 
+# --------------------------------------------------------------------------------------------
+# Sequential temperature scaling with a per-position bias
+# --------------------------------------------------------------------------------------------
+
+
+def _finite_floats(_inst: object, _attr: object, value: tuple[float, ...]) -> None:
+    bad = [b for b in value if not math.isfinite(b)]
+    if bad:
+        raise ValueError(f"biases must be finite, got {bad}")
+
+
+@frozen
+class STSBiasCalibrator:
+    """STS with a per-position bias: c_j = σ(z_j / T_j + b_j).
+
+    Temperature scaling only sharpens or flattens the head's confidences around c = 1/2; a head
+    that is over-confident at one position and under-confident at another (or shifted, from a
+    different acceptance rate on the calibration prompts) needs a shift too. For j = 1..γ in
+    order, (T_j, b_j) minimise the survival ECE of Π_{i≤j} σ(z_i / T_i + b_i) against
+    [accepted ≥ j] on rows whose position j was verified, earlier positions fixed: a 2-D grid
+    over log T ∈ [log t_min, log t_max] × b ∈ [−b_max, b_max] refined ``refine_steps`` times
+    around the winner, (1, 0) always a candidate; ECEs within ``ece_tolerance`` are tie-broken
+    by the lower Brier score.
+
+    ``calibrate`` accepts any block of γ' ≤ γ positions and refuses longer ones.
+    """
+
+    name: ClassVar[str] = "sts-bias"
+    temperatures: tuple[float, ...] = field(
+        default=(), converter=_float_tuple, validator=_temperatures
+    )
+    biases: tuple[float, ...] = field(default=(), converter=_float_tuple, validator=_finite_floats)
+    n_bins: int = field(default=20, validator=_positive_int)
+    t_min: float = field(default=0.05, converter=float, validator=_temperature)
+    t_max: float = field(default=20.0, converter=float, validator=_temperature)
+    b_max: float = field(default=4.0, converter=float, validator=_temperature)
+    grid_size: int = field(default=41, validator=_positive_int)
+    refine_steps: int = field(default=2, validator=attrs.validators.ge(0))
+    ece_tolerance: float = field(default=1e-4, converter=float, validator=attrs.validators.ge(0.0))
+    fit_info: FitInfo | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.biases) != len(self.temperatures):
+            raise ValueError(
+                f"biases hold {len(self.biases)} values but temperatures {len(self.temperatures)}: "
+                "one (T_j, b_j) per position"
+            )
+
+    @property
+    def gamma(self) -> int:
+        """Positions this calibrator covers (0 when unfitted)."""
+        return len(self.temperatures)
+
+    def calibrate(self, confidence_logits: torch.Tensor) -> torch.Tensor:
+        z = check_logits(confidence_logits)  # [R, γ']
+        g = z.shape[1]
+        if not self.temperatures:
+            raise RuntimeError("STSBiasCalibrator is not fitted: call fit(...) or load_calibrator(...)")
+        if g > self.gamma:
+            raise ValueError(
+                f"confidence_logits have γ'={g} positions but this STS + bias calibrator was "
+                f"fitted for γ={self.gamma}; refit it on blocks of at least {g} positions"
+            )
+        t = torch.tensor(self.temperatures[:g], dtype=z.dtype, device=z.device)  # [γ']
+        b = torch.tensor(self.biases[:g], dtype=z.dtype, device=z.device)  # [γ']
+        return torch.sigmoid(z / t + b)
+
+    def fit(
+        self,
+        confidence_logits: torch.Tensor,
+        accepted: torch.Tensor,
+        verified: torch.Tensor | None = None,
+    ) -> STSBiasCalibrator:
+        z, acc, ver = fit_data(confidence_logits, accepted, verified)
+        n, gamma = z.shape
+        labels, _ = survival_labels(acc, gamma, ver)  # [N, γ]
+        mask = verified_mask(acc, gamma, ver)  # [N, γ]
+        log_t = (math.log(self.t_min), math.log(self.t_max))
+        temps: list[float] = []
+        biases: list[float] = []
+        empty: list[int] = []
+        prefix = torch.ones(n, dtype=torch.float64)  # [N] Π_{i<j} c_i
+        for k in range(gamma):
+            m = mask[:, k]
+            if not m.any():  # nothing to fit: carry the last (T, b) forward
+                t, b = (temps[-1], biases[-1]) if temps else (1.0, 0.0)
+                empty.append(k + 1)
+            else:
+                t, b = sts_bias_search(
+                    prefix[m],
+                    z[m, k],
+                    labels[m, k].to(torch.float64),
+                    log_t,
+                    (-self.b_max, self.b_max),
+                    n_bins=self.n_bins,
+                    grid=(self.grid_size, self.grid_size),
+                    refine_steps=self.refine_steps,
+                    ece_tolerance=self.ece_tolerance,
+                )
+            temps.append(t)
+            biases.append(b)
+            prefix = prefix * torch.sigmoid(z[:, k] / t + b)
+        if empty:
+            warnings.warn(
+                f"STS + bias: no verified rows at positions {empty}; each reuses the previous (T, b)",
+                stacklevel=2,
+            )
+        t_vec = torch.tensor(temps, dtype=torch.float64)
+        b_vec = torch.tensor(biases, dtype=torch.float64)
+        info = fit_info(z, acc, ver, t_vec, self.n_bins, "sequential_survival_ece_bias", b_vec)
+        return attrs.evolve(self, temperatures=tuple(temps), biases=tuple(biases), fit_info=info)
+
+    def to_dict(self) -> dict[str, Any]:
+        opts = serialization.to_dict(self, exclude=("temperatures", "biases", "fit_info"))
+        out = dump(self, list(self.temperatures), self.gamma or None, opts)
+        out["biases"] = list(self.biases)
+        return out
+
+    def save(self, path: str | Path) -> None:
+        save(self, path)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "<dict>") -> STSBiasCalibrator:
+        temps = load_temperatures(data, origin)
+        biases = require(data, "biases", origin)
+        if not isinstance(biases, list) or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) for b in biases
+        ):
+            raise CalibratorFormatError(f"{origin}: field 'biases' must be a list of numbers")
+        gamma = require(data, "gamma", origin)
+        if gamma != (len(temps) or None):
+            raise CalibratorFormatError(
+                f"{origin}: field 'gamma' is {gamma!r} but 'temperatures' holds {len(temps)} values"
+            )
+        return construct(
+            cls,
+            origin,
+            temperatures=temps,
+            biases=tuple(biases),
+            fit_info=load_fit(data, origin),
+            **load_options(data, origin),
+        )
+
+
 BUILTIN_CALIBRATORS: dict[str, type] = {
-    cls.name: cls for cls in (IdentityCalibrator, TemperatureCalibrator, STSCalibrator)
+    cls.name: cls
+    for cls in (IdentityCalibrator, TemperatureCalibrator, STSCalibrator, STSBiasCalibrator)
 }

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from dspark.calibration.format import FitInfo
 from dspark.metrics import check_rounds, ece_rows, survival_labels, verified_mask
 
-__all__ = ["check_logits", "fit_data", "fit_info", "fit_temperature", "sts_search"]
+__all__ = ["check_logits", "fit_data", "fit_info", "fit_temperature", "sts_bias_search", "sts_search"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,8 +84,10 @@ def fit_info(
     temps: torch.Tensor,
     n_bins: int,
     objective: str,
+    biases: torch.Tensor | None = None,
 ) -> FitInfo:
-    """The :class:`FitInfo` of temperatures ``temps`` [γ] on the fitting data z [N, γ]."""
+    """The :class:`FitInfo` of temperatures ``temps`` [γ] (and per-position ``biases`` [γ], added
+    after the division) on the fitting data z [N, γ]."""
     gamma = z.shape[1]
     labels, _ = survival_labels(acc, gamma, ver)
     mask = verified_mask(acc, gamma, ver)
@@ -96,7 +98,7 @@ def fit_info(
         n_bins=n_bins,
         objective=objective,
         ece_before=_survival_ece(torch.sigmoid(z), labels, mask, n_bins),
-        ece_after=_survival_ece(torch.sigmoid(z / temps), labels, mask, n_bins),
+        ece_after=_survival_ece(torch.sigmoid(z / temps + (0 if biases is None else biases)), labels, mask, n_bins),
     )
 
 
@@ -127,18 +129,26 @@ def fit_temperature(zs: torch.Tensor, ys: torch.Tensor, t_min: float, t_max: flo
 
 
 def _grid_scores(
-    prefix: torch.Tensor, zj: torch.Tensor, y: torch.Tensor, temps: torch.Tensor, n_bins: int
+    prefix: torch.Tensor,
+    zj: torch.Tensor,
+    y: torch.Tensor,
+    temps: torch.Tensor,
+    n_bins: int,
+    biases: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Survival ECE and Brier [G] of prefix·σ(z_j / T) for each candidate T [G].
+    """Survival ECE and Brier [G] of prefix·σ(z_j / T + b) for each candidate T [G] (b [G], or 0).
 
     ``prefix`` [M] = Π_{i<j} c_i, ``zj`` [M], ``y`` [M]. The grid is chunked to bound memory.
     """
     m = zj.numel()
     chunk = max(1, 4_000_000 // m)
+    if biases is None:
+        biases = torch.zeros_like(temps)
     eces, briers = [], []
     for start in range(0, temps.numel(), chunk):
         t = temps[start : start + chunk]  # [g]
-        pred = prefix[None, :] * torch.sigmoid(zj[None, :] / t[:, None])  # [g, M]
+        b = biases[start : start + chunk]  # [g]
+        pred = prefix[None, :] * torch.sigmoid(zj[None, :] / t[:, None] + b[:, None])  # [g, M]
         eces.append(ece_rows(pred, y, n_bins))
         briers.append(((pred - y[None, :]) ** 2).mean(dim=1))
     return torch.cat(eces), torch.cat(briers)
@@ -178,3 +188,42 @@ def sts_search(
         ece, brier = _grid_scores(prefix, zj, y, cands, n_bins)
         best = _pick(ece, brier, ece_tolerance)
     return float(cands[best])
+
+
+def sts_bias_search(
+    prefix: torch.Tensor,
+    zj: torch.Tensor,
+    y: torch.Tensor,
+    log_t: tuple[float, float],
+    b_range: tuple[float, float],
+    *,
+    n_bins: int,
+    grid: tuple[int, int] = (41, 41),
+    refine_steps: int = 2,
+    ece_tolerance: float,
+) -> tuple[float, float]:
+    """Best (T_j, b_j) for one position of STS + bias: the survival ECE of prefix·σ(z_j / T + b)
+    over a 2-D grid (log T × b), then finer grids around the winner (Brier breaks ECE ties).
+
+    ``prefix`` [M] = Π_{i<j} c_i, ``zj`` [M] and the survival labels ``y`` [M] of the rows whose
+    position j was verified; ``log_t`` and ``b_range`` bound the search. The point (T = 1, b = 0)
+    is always a candidate, so the fit is never worse on its data than the raw head.
+    """
+    (lt_lo, lt_hi), (b_lo, b_hi) = log_t, b_range
+    nt, nb = grid
+    best_t, best_b = 1.0, 0.0
+    step_t, step_b = (lt_hi - lt_lo) / max(nt - 1, 1), (b_hi - b_lo) / max(nb - 1, 1)
+    lts = torch.linspace(lt_lo, lt_hi, nt, dtype=torch.float64)  # [nt]
+    bs = torch.linspace(b_lo, b_hi, nb, dtype=torch.float64)  # [nb]
+    for level in range(refine_steps + 1):
+        if level:  # a finer grid of the same size over the winner's neighbouring cells
+            lc, bc = math.log(best_t), best_b
+            lts = torch.linspace(max(lc - step_t, lt_lo), min(lc + step_t, lt_hi), nt, dtype=torch.float64)
+            bs = torch.linspace(max(bc - step_b, b_lo), min(bc + step_b, b_hi), nb, dtype=torch.float64)
+            step_t, step_b = 2 * step_t / max(nt - 1, 1), 2 * step_b / max(nb - 1, 1)
+        tt = torch.cat([lts.exp().repeat_interleave(bs.numel()), torch.tensor([best_t], dtype=torch.float64)])
+        bb = torch.cat([bs.repeat(lts.numel()), torch.tensor([best_b], dtype=torch.float64)])  # incumbent last
+        ece, brier = _grid_scores(prefix, zj, y, tt, n_bins, bb)
+        k = _pick(ece, brier, ece_tolerance)
+        best_t, best_b = float(tt[k]), float(bb[k])
+    return best_t, best_b
