@@ -26,7 +26,10 @@ want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 # 1. data: natural prompts (documentation, real functions, word problems, multi-turn follow-ups),
 #    answered by the target in bf16 at concurrency 48; held-out prompts split by source unit
-[ -f "$TEMPLATED/train.jsonl" ] || dspark data --out "$TEMPLATED" --per-domain 600 --concurrency 48 --max-new-tokens 128
+if [ ! -f "$TEMPLATED/.complete" ]; then  # a partial train.jsonl is resumed, not taken as done
+  dspark data --out "$TEMPLATED" --per-domain 600 --concurrency 48 --max-new-tokens 128 --dtype bfloat16
+  touch "$TEMPLATED/.complete"
+fi
 if [ ! -f "$DATA/.complete" ]; then
   dspark data --source natural --followups-from "$TEMPLATED/train.jsonl" --out "$DATA" --per-domain 2700 \
     --max-new-tokens 256 --concurrency 48 --dtype bfloat16 --max-tokens 1000000

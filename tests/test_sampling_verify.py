@@ -132,3 +132,35 @@ def test_verify_single_position_acceptance_rate_is_overlap():
     first = res.committed[:, 0]
     freq = torch.bincount(first, minlength=V) / N
     torch.testing.assert_close(freq, p1, atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_partial_sort_filter_equals_the_full_sort(seed):
+    """The top-k / nucleus filter on the 1024 leading logits (with a full-sort fallback for rows
+    whose nucleus reaches past them) keeps exactly the tokens a full sort keeps."""
+    from dspark.sampling import _filter_sorted, _filter_top_k_top_p
+
+    g = torch.Generator().manual_seed(seed)
+    R, n, V = 6, 3, 5000
+    scale = torch.tensor([8.0, 3.0, 0.3, 0.05, 2.0, 1.0])  # peaked … nearly flat (nucleus > 1024)
+    x = torch.randn(R, n, V, generator=g) * scale[:, None, None]
+    k = torch.tensor([0, 50, 0, 0, 2000, 1500])  # no top-k, inside the head, beyond it
+    top_p = torch.tensor([0.95, 0.9, 0.99, 0.9, 0.8, 1.0])
+    k_eff = torch.where((k > 0) & (k < V), k, V)
+    fast, full = _filter_top_k_top_p(x, k, top_p), _filter_sorted(x, k_eff, top_p)
+    assert torch.equal(torch.isinf(fast), torch.isinf(full))
+    kept = ~torch.isinf(full)
+    assert torch.equal(fast[kept], x[kept])
+    assert int(kept[3].sum(-1).min()) > 1024  # the flat row really took the fallback
+
+
+def test_sample_is_exact_on_zero_mass_entries_and_at_the_top_of_the_cdf(monkeypatch):
+    import dspark.sampling as sampling
+
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0, 0.0]] * 4)
+    counts = torch.bincount(sample(probs[:1].expand(40000, 6), torch.Generator().manual_seed(3)), minlength=6)
+    assert counts[[0, 2, 4, 5]].sum() == 0  # zero mass is never drawn
+    torch.testing.assert_close(counts[[1, 3]] / 40000, torch.tensor([0.25, 0.75]), atol=0.01, rtol=0)
+    # u·C_V rounding up to C_V (u a hair below 1) draws the last entry *with mass*, not a zero tail
+    monkeypatch.setattr(sampling, "uniform", lambda R, n, g: torch.full((R, n), 1.0))
+    assert sample(probs).tolist() == [3, 3, 3, 3]

@@ -18,7 +18,7 @@ import torch
 
 from dspark.types import SamplingParams, stack_sampling_params
 
-__all__ = ["probs_from_logits", "sample", "uniform", "exponential", "Generators"]
+__all__ = ["probs_from_logits", "sample", "uniform", "Generators"]
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
@@ -58,16 +58,54 @@ def probs_from_logits(
     return probs.squeeze(1) if squeeze else probs
 
 
+_HEAD = 1024
+"""Leading candidates the nucleus is first looked for in (a partial sort, not a full one)."""
+
+
 def _filter_top_k_top_p(x: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Set logits outside the top-k / nucleus to -inf. x [R, n, V]; k [R]; top_p [R]."""
+    """Set logits outside the top-k / nucleus to -inf. x [R, n, V]; k [R]; top_p [R].
+
+    The kept set is decided on the ``_HEAD`` largest logits of each row (``topk``, far cheaper
+    than sorting a 49k vocabulary); a row the head cannot decide (a top-k larger than the head, or
+    no top-k and the head's mass below top_p) is redone with a full sort, so the result is the
+    full sort's either way.
+    """
+    R, n, V = x.shape
+    k_eff = torch.where((k > 0) & (k < V), k, V)  # [R]
+    head = min(V, _HEAD)
+    if head == V:
+        return _filter_sorted(x, k_eff, top_p)
+    vals, idx = torch.topk(x, head, dim=-1)  # [R, n, head] descending
+    rank = torch.arange(head)  # [head]
+    cut_k = rank[None, None, :] >= k_eff[:, None, None]  # [R, n, head]
+    vals = vals.masked_fill(cut_k, float("-inf"))
+    # the nucleus normaliser is the mass top-k kept: the head alone when k ≤ head, else the whole
+    # row (no top-k); a top-k between head and V is left to the full sort below
+    k_in_head = (k_eff <= head)[:, None, None]  # [R, 1, 1]
+    lse = torch.where(k_in_head, torch.logsumexp(vals, -1, keepdim=True), torch.logsumexp(x, -1, keepdim=True))
+    p_head = torch.exp(vals - lse)  # [R, n, head]
+    cum = torch.cumsum(p_head, dim=-1)  # [R, n, head]
+    # keep a token while the mass *before* it is < top_p, so the most likely token always survives
+    vals = vals.masked_fill(cum - p_head >= top_p[:, None, None], float("-inf"))
+    out = torch.full_like(x, float("-inf")).scatter_(-1, idx, vals)
+    # rows the head cannot decide: a top-k past the head, or no top-k and the head's mass < top_p
+    # (the nucleus may continue past it)
+    k_past_head = ((k_eff > head) & (k_eff < V))[:, None, None]  # [R, 1, 1]
+    spill = k_past_head | ((~k_in_head) & (cum[..., -1:] < top_p[:, None, None]))  # [R, n, 1]
+    if bool(spill.any()):
+        rows = spill.squeeze(-1).nonzero(as_tuple=True)  # (r, i) pairs
+        sub = x[rows][:, None, :]  # [S, 1, V]
+        out[rows] = _filter_sorted(sub, k_eff[rows[0]], top_p[rows[0]])[:, 0]
+    return out
+
+
+def _filter_sorted(x: torch.Tensor, k_eff: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The top-k / nucleus filter by a full sort. x [R, n, V]; k_eff [R] in 1..V; top_p [R]."""
     V = x.shape[-1]
     sorted_x, order = torch.sort(x, dim=-1, descending=True)  # [R, n, V]
     rank = torch.arange(V)  # [V]
-    k_eff = torch.where((k > 0) & (k < V), k, V)  # [R]
     drop = rank[None, None, :] >= k_eff[:, None, None]  # [R, n, V]
     sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-    # Nucleus over what top-k kept: keep a token while the mass *before* it is < top_p, so the
-    # most likely token always survives.
     sorted_p = torch.softmax(sorted_x, dim=-1)  # [R, n, V]
     mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # [R, n, V]
     drop = mass_before >= top_p[:, None, None]
@@ -91,26 +129,24 @@ def uniform(R: int, n: int, generators: Generators) -> torch.Tensor:
     return torch.stack([torch.rand(n, generator=g) for g in generators]) if R else torch.empty(0, n)
 
 
-def exponential(R: int, n: int, generators: Generators) -> torch.Tensor:
-    """Exp(1) draws [R, n]; row r from ``generators[r]`` when a sequence is given."""
-    if generators is None or isinstance(generators, torch.Generator):
-        return torch.empty(R, n).exponential_(generator=generators)
-    _check_count(generators, R)
-    if R == 0:
-        return torch.empty(0, n)
-    return torch.stack([torch.empty(n).exponential_(generator=g) for g in generators])
-
-
 def sample(probs: torch.Tensor, generators: Generators = None) -> torch.Tensor:
     """One token per row of ``probs`` [R, V] → [R] int64.
 
-    Uses the exponential race argmax_v p(v) / E_v with E_v ~ Exp(1), which draws exactly from p
-    (P(v wins) = p(v)), needs no normalisation and lets each row use its own generator.
-    Rows that are one-hot come out deterministic, so greedy rows need no special case.
+    Inverse CDF: with u ~ U[0, 1) from the row's generator, the first v whose cumulative mass
+    C_v = Σ_{w≤v} p(w) exceeds u·C_V. It draws exactly from p (P(v) = p(v) / C_V; an entry of
+    zero mass is never drawn, its C_v equals its predecessor's) and takes one uniform per row, so
+    a row's draw depends on its own generator only, never on its neighbours. One-hot rows come
+    out deterministic, so greedy rows need no special case.
     """
     R, V = probs.shape
-    E = exponential(R, V, generators)  # [R, V]
-    return (probs / E).argmax(dim=-1)
+    cdf = torch.cumsum(probs.double(), dim=-1)  # [R, V] float64: no drift over a 49k vocabulary
+    u = uniform(R, 1, generators).double()  # [R, 1]
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)  # [R]
+    over = tokens >= V  # u·C_V rounded up to C_V: the last entry with mass
+    if bool(over.any()):
+        last = V - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(-1)  # [R]
+        tokens = torch.where(over, last, tokens)
+    return tokens
 
 
 def _check_count(generators: Sequence[torch.Generator], R: int) -> None:
