@@ -353,7 +353,7 @@ def evaluate(options: EvalOptions | None = None, /, **overrides: Any) -> EvalRes
                                         concurrency=opts.concurrency, progress=not opts.quiet, seed=opts.seed)
                 save_json(rounds.to_dict(), cache)
             res = evaluate_rounds(rounds, cal, THRESHOLDS)
-            res["calibrated_with"] = "sts (calibration.json)" if cal is not None else None
+            res["calibrated_with"] = f"{cal.name} (calibration.json)" if cal is not None else None
             results["runs"][f"{label}@T={temp}"] = {"drafter": label, "temperature": temp, **res}
             print(f"{label:>16} T={temp}: τ {res['overall']['tau']:.3f} "
                   + " ".join(f"{d}={v['tau']:.2f}" for d, v in res["domains"].items()), file=sys.stderr)
