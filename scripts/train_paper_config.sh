@@ -24,6 +24,16 @@ COMMON=(--data "$DATA" --feature-cache "$DATA/features-full-bf16" --teacher-dtyp
 
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
+# 0. data committed by an earlier session (data/smollm2-135m/*.tar.xz: a fresh machine has no RUNS):
+#    unpacked where RUNS has none, then completed (or resumed) by step 1 as usual
+ARCHIVE=${ARCHIVE:-data/smollm2-135m}
+unpack() {  # unpack ARCHIVE/$1.tar.xz into $2 unless $2 already holds data
+  [ -f "$ARCHIVE/$1.tar.xz" ] && [ ! -f "$2/train.jsonl" ] || return 0
+  mkdir -p "$2" && tar -xJf "$ARCHIVE/$1.tar.xz" -C "$2" && echo "unpacked $ARCHIVE/$1.tar.xz into $2"
+}
+unpack templated "$TEMPLATED"
+unpack natural "$DATA"
+
 # 1. data: natural prompts (documentation, real functions, word problems, multi-turn follow-ups),
 #    answered by the target in bf16 at concurrency 48; held-out prompts split by source unit
 if [ ! -f "$TEMPLATED/.complete" ]; then  # a partial train.jsonl is resumed, not taken as done
