@@ -88,3 +88,19 @@ def test_sts_bias_load_errors_name_the_problem():
         load_calibrator({**good, "biases": [0.0]})
     with pytest.raises(CalibratorFormatError, match="biases must be finite"):
         load_calibrator({**good, "biases": [0.0, float("inf")]})
+
+
+def test_ece_noise_floor_matches_the_binomial_expectation():
+    """One bin (every prediction 0.5): ECE = |0.5 − X/N| with X ~ Bin(N, 1/2), whose mean is a
+    finite sum — an oracle independent of the Monte Carlo."""
+    import math
+
+    from dspark.metrics import ece_noise_floor
+
+    n = 400
+    exact = sum(math.comb(n, x) * 0.5**n * abs(0.5 - x / n) for x in range(n + 1))
+    assert ece_noise_floor(torch.full((n,), 0.5), n_bins=20, draws=4000) == pytest.approx(exact, rel=0.05)
+    # more rows, a lower floor (≈ 1/√N): 16× the rows, about a quarter of the floor
+    big = ece_noise_floor(torch.full((16 * n,), 0.5), n_bins=20, draws=400)
+    assert big == pytest.approx(exact / 4, rel=0.1)
+    assert math.isnan(ece_noise_floor(torch.empty(0)))

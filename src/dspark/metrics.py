@@ -46,6 +46,7 @@ __all__ = [
     "brier_score",
     "conditional_labels",
     "confidence_report",
+    "ece_noise_floor",
     "expected_calibration_error",
     "reliability_bins",
     "survival_labels",
@@ -234,6 +235,24 @@ def expected_calibration_error(pred: TensorLike, label: TensorLike, n_bins: int 
     if p.numel() == 0:
         return math.nan
     return float(ece_rows(p[None, :], y, n_bins)[0])
+
+
+def ece_noise_floor(pred: TensorLike, n_bins: int = 15, draws: int = 32, seed: int = 0) -> float:
+    """The ECE a *perfectly calibrated* predictor measures on this many rows: the mean ECE of
+    ``pred`` [N] against labels drawn as Bernoulli(pred), over ``draws`` seeded draws.
+
+    Binned ECE is biased upwards by the labels' sampling noise (≈ Σ_b (n_b/N)·√(p_b(1−p_b)/n_b)),
+    so a measured ECE near this floor is as calibrated as N rows can show; ``nan`` if N = 0.
+    """
+    _check_bins(n_bins)
+    p = _as_tensor(pred, "pred").to(torch.float64).reshape(-1)
+    if p.numel() == 0:
+        return math.nan
+    g = torch.Generator().manual_seed(seed)
+    y = (torch.rand(draws, p.numel(), generator=g, dtype=torch.float64) < p[None, :]).to(torch.float64)  # [D, N]
+    sums = torch.zeros(draws, n_bins, dtype=torch.float64)  # [D, bins]
+    sums.scatter_add_(1, _bin_index(p, n_bins)[None, :].expand(draws, -1), p[None, :] - y)
+    return float((sums.abs().sum(dim=1) / p.numel()).mean())
 
 
 def brier_score(pred: TensorLike, label: TensorLike) -> float:
