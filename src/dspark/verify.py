@@ -84,7 +84,7 @@ def verify(
         lengths: [R] int64, ℓ_r.
         generators: one generator for the batch, one per request, or None (global RNG).
 
-    Each request consumes exactly γ + 1 uniforms from its generator per call,
+    Each request consumes exactly γ + V uniforms from its generator per call,
     whatever ℓ_r is, so its random stream does not depend on the schedule.
     """
     R, gamma = draft_tokens.shape

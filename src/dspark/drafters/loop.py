@@ -181,7 +181,7 @@ def draft_sample(logits: torch.Tensor, context: DraftContext) -> tuple[torch.Ten
     """logits [R, V] → (q [R, V], tokens [R]) under each request's sampling params.
 
     q is the distribution each token was drawn from (what verification needs). An all-greedy batch
-    takes the argmax with a one-hot q, skipping the softmax and the draw.
+    takes the argmax with a one-hot q, skipping the softmax and the V exponential draws per row.
     """
     if all(p.is_greedy for p in context.sampling):
         tokens = logits.float().argmax(-1)  # [R]
