@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -182,6 +182,65 @@ class TemperatureCalibrator:
 # --------------------------------------------------------------------------------------------
 
 
+def _leading(values: tuple[float, ...], z: torch.Tensor, cls_name: str, title: str) -> torch.Tensor:
+    """The first γ' per-position ``values`` of a fitted calibrator, for logits z [R, γ'] → [γ']."""
+    g = z.shape[1]
+    if not values:
+        raise RuntimeError(f"{cls_name} is not fitted: call fit(...) or load_calibrator(...)")
+    if g > len(values):
+        raise ValueError(
+            f"confidence_logits have γ'={g} positions but this {title} calibrator was fitted for "
+            f"γ={len(values)}; refit it on blocks of at least {g} positions"
+        )
+    return torch.tensor(values[:g], dtype=z.dtype, device=z.device)
+
+
+def _fit_sequentially(
+    z: torch.Tensor,
+    acc: torch.Tensor,
+    ver: torch.Tensor | None,
+    search: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any],
+    step: Callable[[torch.Tensor, Any], torch.Tensor],
+    first: Any,
+    what: str,
+) -> list[Any]:
+    """Per-position parameters fitted in order j = 1..γ (STS, STS + bias).
+
+    Position j's parameters are ``search(prefix [M], z_j [M], y_j [M])`` over the M rows whose
+    position j was verified, where prefix = Π_{i<j} c_i under the parameters already fitted and
+    ``step(z_j [N], params) -> c_j [N]``; y_j are the survival labels. A position without verified
+    rows reuses the previous parameters (``first`` at position 1), with a warning.
+    """
+    n, gamma = z.shape
+    labels, _ = survival_labels(acc, gamma, ver)  # [N, γ]
+    mask = verified_mask(acc, gamma, ver)  # [N, γ]
+    params: list[Any] = []
+    empty: list[int] = []
+    prefix = torch.ones(n, dtype=torch.float64)  # [N] Π_{i<j} c_i
+    for k in range(gamma):
+        m = mask[:, k]
+        if m.any():
+            params.append(search(prefix[m], z[m, k], labels[m, k].to(torch.float64)))
+        else:  # nothing to fit: carry the last parameters forward
+            params.append(params[-1] if params else first)
+            empty.append(k + 1)
+        prefix = prefix * step(z[:, k], params[-1])
+    if empty:
+        warnings.warn(f"{what}: no verified rows at positions {empty}; each reuses the previous one", stacklevel=3)
+    return params
+
+
+def _sts_temperatures(data: Mapping[str, Any], origin: str) -> tuple[float, ...]:
+    """The per-position temperatures of an STS-family file, checked against its 'gamma'."""
+    temps = load_temperatures(data, origin)
+    gamma = require(data, "gamma", origin)
+    if gamma != (len(temps) or None):
+        raise CalibratorFormatError(
+            f"{origin}: field 'gamma' is {gamma!r} but 'temperatures' holds {len(temps)} values"
+        )
+    return temps
+
+
 @frozen
 class STSCalibrator:
     """Sequential temperature scaling (docs/math.md §3): c_j = σ(z_j / T_j), one T per position.
@@ -214,16 +273,7 @@ class STSCalibrator:
 
     def calibrate(self, confidence_logits: torch.Tensor) -> torch.Tensor:
         z = check_logits(confidence_logits)  # [R, γ']
-        g = z.shape[1]
-        if not self.temperatures:
-            raise RuntimeError("STSCalibrator is not fitted: call fit(...) or load_calibrator(...)")
-        if g > self.gamma:
-            raise ValueError(
-                f"confidence_logits have γ'={g} positions but this STS calibrator was fitted for "
-                f"γ={self.gamma}; refit it on blocks of at least {g} positions"
-            )
-        t = torch.tensor(self.temperatures[:g], dtype=z.dtype, device=z.device)  # [γ']
-        return torch.sigmoid(z / t)
+        return torch.sigmoid(z / _leading(self.temperatures, z, "STSCalibrator", "STS"))
 
     def fit(
         self,
@@ -232,38 +282,14 @@ class STSCalibrator:
         verified: torch.Tensor | None = None,
     ) -> STSCalibrator:
         z, acc, ver = fit_data(confidence_logits, accepted, verified)
-        n, gamma = z.shape
-        labels, _ = survival_labels(acc, gamma, ver)  # [N, γ]
-        mask = verified_mask(acc, gamma, ver)  # [N, γ]
         lo, hi = math.log(self.t_min), math.log(self.t_max)
         grid = torch.exp(torch.linspace(lo, hi, self.grid_size, dtype=torch.float64))  # [G]
 
-        temps: list[float] = []
-        empty: list[int] = []
-        prefix = torch.ones(n, dtype=torch.float64)  # [N] Π_{i<j} σ(z_i / T_i)
-        for k in range(gamma):
-            m = mask[:, k]
-            if not m.any():
-                t = temps[-1] if temps else 1.0  # nothing to fit: carry the last T forward
-                empty.append(k + 1)
-            else:
-                t = sts_search(
-                    prefix[m],
-                    z[m, k],
-                    labels[m, k].to(torch.float64),
-                    grid,
-                    n_bins=self.n_bins,
-                    refine_steps=self.refine_steps,
-                    ece_tolerance=self.ece_tolerance,
-                )
-            temps.append(t)
-            prefix = prefix * torch.sigmoid(z[:, k] / t)
+        def search(prefix: torch.Tensor, zj: torch.Tensor, y: torch.Tensor) -> float:
+            return sts_search(prefix, zj, y, grid, n_bins=self.n_bins, refine_steps=self.refine_steps,
+                              ece_tolerance=self.ece_tolerance)
 
-        if empty:
-            warnings.warn(
-                f"STS: no verified rows at positions {empty}; each reuses the previous T",
-                stacklevel=2,
-            )
+        temps = _fit_sequentially(z, acc, ver, search, lambda zk, t: torch.sigmoid(zk / t), 1.0, "STS")
         t_vec = torch.tensor(temps, dtype=torch.float64)
         info = fit_info(z, acc, ver, t_vec, self.n_bins, "sequential_survival_ece")
         return attrs.evolve(self, temperatures=tuple(temps), fit_info=info)
@@ -277,16 +303,10 @@ class STSCalibrator:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str = "<dict>") -> STSCalibrator:
-        temps = load_temperatures(data, origin)
-        gamma = require(data, "gamma", origin)
-        if gamma != (len(temps) or None):
-            raise CalibratorFormatError(
-                f"{origin}: field 'gamma' is {gamma!r} but 'temperatures' holds {len(temps)} values"
-            )
         return construct(
             cls,
             origin,
-            temperatures=temps,
+            temperatures=_sts_temperatures(data, origin),
             fit_info=load_fit(data, origin),
             **load_options(data, origin),
         )
@@ -347,16 +367,8 @@ class STSBiasCalibrator:
 
     def calibrate(self, confidence_logits: torch.Tensor) -> torch.Tensor:
         z = check_logits(confidence_logits)  # [R, γ']
-        g = z.shape[1]
-        if not self.temperatures:
-            raise RuntimeError("STSBiasCalibrator is not fitted: call fit(...) or load_calibrator(...)")
-        if g > self.gamma:
-            raise ValueError(
-                f"confidence_logits have γ'={g} positions but this STS + bias calibrator was "
-                f"fitted for γ={self.gamma}; refit it on blocks of at least {g} positions"
-            )
-        t = torch.tensor(self.temperatures[:g], dtype=z.dtype, device=z.device)  # [γ']
-        b = torch.tensor(self.biases[:g], dtype=z.dtype, device=z.device)  # [γ']
+        t = _leading(self.temperatures, z, "STSBiasCalibrator", "STS + bias")  # [γ']
+        b = _leading(self.biases, z, "STSBiasCalibrator", "STS + bias")  # [γ']
         return torch.sigmoid(z / t + b)
 
     def fit(
@@ -366,39 +378,16 @@ class STSBiasCalibrator:
         verified: torch.Tensor | None = None,
     ) -> STSBiasCalibrator:
         z, acc, ver = fit_data(confidence_logits, accepted, verified)
-        n, gamma = z.shape
-        labels, _ = survival_labels(acc, gamma, ver)  # [N, γ]
-        mask = verified_mask(acc, gamma, ver)  # [N, γ]
         log_t = (math.log(self.t_min), math.log(self.t_max))
-        temps: list[float] = []
-        biases: list[float] = []
-        empty: list[int] = []
-        prefix = torch.ones(n, dtype=torch.float64)  # [N] Π_{i<j} c_i
-        for k in range(gamma):
-            m = mask[:, k]
-            if not m.any():  # nothing to fit: carry the last (T, b) forward
-                t, b = (temps[-1], biases[-1]) if temps else (1.0, 0.0)
-                empty.append(k + 1)
-            else:
-                t, b = sts_bias_search(
-                    prefix[m],
-                    z[m, k],
-                    labels[m, k].to(torch.float64),
-                    log_t,
-                    (-self.b_max, self.b_max),
-                    n_bins=self.n_bins,
-                    grid=(self.grid_size, self.grid_size),
-                    refine_steps=self.refine_steps,
-                    ece_tolerance=self.ece_tolerance,
-                )
-            temps.append(t)
-            biases.append(b)
-            prefix = prefix * torch.sigmoid(z[:, k] / t + b)
-        if empty:
-            warnings.warn(
-                f"STS + bias: no verified rows at positions {empty}; each reuses the previous (T, b)",
-                stacklevel=2,
-            )
+
+        def search(prefix: torch.Tensor, zj: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+            return sts_bias_search(prefix, zj, y, log_t, (-self.b_max, self.b_max), n_bins=self.n_bins,
+                                   grid=(self.grid_size, self.grid_size), refine_steps=self.refine_steps,
+                                   ece_tolerance=self.ece_tolerance)
+
+        params = _fit_sequentially(z, acc, ver, search, lambda zk, tb: torch.sigmoid(zk / tb[0] + tb[1]),
+                                   (1.0, 0.0), "STS + bias")
+        temps, biases = [t for t, _ in params], [b for _, b in params]
         t_vec = torch.tensor(temps, dtype=torch.float64)
         b_vec = torch.tensor(biases, dtype=torch.float64)
         info = fit_info(z, acc, ver, t_vec, self.n_bins, "sequential_survival_ece_bias", b_vec)
@@ -415,17 +404,12 @@ class STSBiasCalibrator:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str = "<dict>") -> STSBiasCalibrator:
-        temps = load_temperatures(data, origin)
+        temps = _sts_temperatures(data, origin)
         biases = require(data, "biases", origin)
         if not isinstance(biases, list) or not all(
             isinstance(b, (int, float)) and not isinstance(b, bool) for b in biases
         ):
             raise CalibratorFormatError(f"{origin}: field 'biases' must be a list of numbers")
-        gamma = require(data, "gamma", origin)
-        if gamma != (len(temps) or None):
-            raise CalibratorFormatError(
-                f"{origin}: field 'gamma' is {gamma!r} but 'temperatures' holds {len(temps)} values"
-            )
         return construct(
             cls,
             origin,
