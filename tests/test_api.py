@@ -113,6 +113,8 @@ def test_evaluate_and_calibrate(tiny):
     assert again.calibrator.name == "sts-bias" and set(again.report["candidates"]) == {"sts-bias"}
     assert again.report["test_rounds"] == cal.report["test_rounds"]
     assert again.report["candidates"]["sts-bias"]["mean_ece"] == cands["sts-bias"]["mean_ece"]
+    with pytest.raises(FileNotFoundError, match="--reuse-rounds: .*calibration_rounds.json does not exist"):
+        dspark.calibrate(checkpoint=run.checkpoint, out=root / "cal-none", reuse_rounds=True, quiet=True)
 
 
 def test_run_bench(tiny):

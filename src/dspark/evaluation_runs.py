@@ -217,7 +217,10 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
     _check_drafter_spec(opts.checkpoint)  # a missing checkpoint or prompt file fails before the model loads
     out = Path(opts.out) if opts.out else resolve_checkpoint(_spec_path(opts.checkpoint))
     rounds_path = out / "calibration_rounds.json"
-    if rounds_path.is_file() and opts.reuse_rounds:  # refit on the rounds a previous run collected
+    if opts.reuse_rounds and not rounds_path.is_file():
+        raise FileNotFoundError(f"--reuse-rounds: {rounds_path} does not exist (run `dspark calibrate` "
+                                "once without it to decode and save the rounds)")
+    if opts.reuse_rounds:  # refit on the rounds a previous run collected
         import json
 
         saved = json.loads(rounds_path.read_text())
