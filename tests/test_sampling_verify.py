@@ -144,14 +144,15 @@ def test_partial_sort_filter_equals_the_full_sort(seed):
     R, n, V = 6, 3, 5000
     scale = torch.tensor([8.0, 3.0, 0.3, 0.05, 2.0, 1.0])  # peaked … nearly flat (nucleus > 1024)
     x = torch.randn(R, n, V, generator=g) * scale[:, None, None]
-    k = torch.tensor([0, 50, 0, 0, 2000, 1500])  # no top-k, inside the head, beyond it
-    top_p = torch.tensor([0.95, 0.9, 0.99, 0.9, 0.8, 1.0])
+    k = torch.tensor([0, 50, 0, 0, 2000, 0])  # no top-k, inside the head, beyond it
+    top_p = torch.tensor([0.95, 0.9, 0.99, 0.9, 0.8, 1.0])  # the last row: no filter at all
     k_eff = torch.where((k > 0) & (k < V), k, V)
     fast, full = _filter_top_k_top_p(x, k, top_p), _filter_sorted(x, k_eff, top_p)
     assert torch.equal(torch.isinf(fast), torch.isinf(full))
     kept = ~torch.isinf(full)
     assert torch.equal(fast[kept], x[kept])
     assert int(kept[3].sum(-1).min()) > 1024  # the flat row really took the fallback
+    assert torch.equal(fast[5], x[5])  # top_k = 0, top_p = 1 in a filtered batch: untouched
 
 
 def test_sample_never_draws_zero_mass_not_even_from_a_zero_uniform(monkeypatch):

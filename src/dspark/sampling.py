@@ -91,7 +91,9 @@ def _filter_top_k_top_p(x: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor) -
     # rows the head cannot decide: a top-k past the head, or no top-k and the head's mass < top_p
     # (the nucleus may continue past it)
     k_past_head = ((k_eff > head) & (k_eff < V))[:, None, None]  # [R, 1, 1]
-    spill = k_past_head | ((~k_in_head) & (cum[..., -1:] < top_p[:, None, None]))  # [R, n, 1]
+    unfiltered = ((k_eff == V) & (top_p >= 1))[:, None, None]  # [R, 1, 1] top_k = 0, top_p = 1
+    spill = ~unfiltered & (k_past_head | ((~k_in_head) & (cum[..., -1:] < top_p[:, None, None])))  # [R, n, 1]
+    out = torch.where(unfiltered, x, out)  # a mixed batch's rows without a filter keep every logit
     if bool(spill.any()):
         rows = spill.squeeze(-1).nonzero(as_tuple=True)  # (r, i) pairs
         sub = x[rows][:, None, :]  # [S, 1, V]
