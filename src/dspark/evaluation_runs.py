@@ -255,8 +255,8 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
     gamma = z.shape[1]
     y, _ = survival_labels(test_r.accepted, gamma, test_r.verified)
     mask = verified_mask(test_r.accepted, gamma, test_r.verified)
-    a_cal = torch.cumprod(cal.calibrate(z).float(), 1)  # [N, γ] shipped survival on the held-out half
-    floor = [ece_noise_floor(a_cal[mask[:, k], k], opts.bins) for k in range(gamma)]
+    survival = {n: torch.cumprod(c.calibrate(z).float(), 1) for n, c in fitted.items()}  # [N, γ] each, held out
+    floor = [ece_noise_floor(survival[chosen][mask[:, k], k], opts.bins) for k in range(gamma)]
     out.mkdir(parents=True, exist_ok=True)
     cal.save(out / "calibration.json")
     report.update({"drafter": label, "fit_rounds": len(fit_r.domain), "test_rounds": len(test_r.domain),
@@ -290,7 +290,7 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
            f"Command: `{report['command']}`", ""]
     (out / "calibration_report.md").write_text("\n".join(md))
     curves = {"raw": (torch.cumprod(torch.sigmoid(z), 1), y, mask)}
-    curves.update({n: (torch.cumprod(c.calibrate(z).float(), 1), y, mask) for n, c in fitted.items()})
+    curves.update({n: (a, y, mask) for n, a in survival.items()})
     reliability_diagram(curves, out / "reliability.png", title=f"{label}: prefix survival, held-out rounds")
     return CalibrateResult(out, cal, report)
 
