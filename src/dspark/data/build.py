@@ -109,6 +109,28 @@ def _merge(train: list, held: list, more_train: list, more_held: list) -> tuple[
     return out, held
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a data file back to its last complete line (an interrupted writer, or a copy taken
+    while one was writing, can end mid-record); a file ending in a newline is left untouched."""
+    if not path.is_file():
+        return
+    with path.open("r+b") as fh:
+        size = fh.seek(0, 2)
+        if size == 0:
+            return
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return
+        keep, pos = 0, size  # scan back in blocks for the last newline
+        while pos > 0 and not keep:
+            start = max(0, pos - 65536)
+            fh.seek(start)
+            nl = fh.read(pos - start).rfind(b"\n")
+            keep, pos = (start + nl + 1 if nl >= 0 else 0), start
+        fh.truncate(keep)
+        print(f"{path}: dropped a torn last record ({size - keep} bytes) before resuming", file=sys.stderr)
+
+
 def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataResult:
     """Self-distillation data: prompts (built-in, natural and/or ``options.prompts`` files), a
     held-out split written to ``eval_prompts.jsonl``, and the target's responses appended to
@@ -159,6 +181,7 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
     write_prompts(out / "eval_prompts.jsonl", held)
     data = out / "train.jsonl"
     written_before = read_records(data) if data.is_file() else []
+    _drop_torn_tail(data)  # read_records skipped it; appending after it would corrupt the next record
     done = {r.key for r in written_before}
     had = sum(len(r.response_ids) for r in written_before)  # response tokens already written
     # In key (sha1) order: domains and sources interleave, so an interrupted run holds a balanced sample.
