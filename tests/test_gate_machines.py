@@ -220,3 +220,48 @@ def test_wrong_prior_is_corrected_by_its_probes(model):
                          forecast_probe=16)
     assert engine.draft_gate.predicted_skips >= 1  # it did believe the prior at first
     assert gated < 0.75 * plain, f"gated {gated:.3f} s vs plain {plain:.3f} s"
+
+
+# -- the catch-up after a skip ------------------------------------------------------------------
+
+
+class IngestingOracle(OracleDrafter):
+    """The oracle reading target features, as the neural drafters do: ingesting each feature row
+    costs ``ingest`` seconds (reported as ``timings["ingest"]``, like DraftingLoop), so a round
+    after k skipped rounds pays for k rounds of context. ``right`` reads the request's length in
+    tokens (the position in the text), not the drafted-round count."""
+
+    target_layer_ids = (0,)
+
+    def __init__(self, *args, ingest: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ingest, self.timings = ingest, {}
+
+    def draft(self, ctx) -> DraftBlock:
+        t = self.ingest * sum(int(h.shape[0]) for h in ctx.features["hidden"])
+        self.clock.now += t
+        self.timings = {"ingest": t}
+        self.rounds = len(ctx.token_ids[0])
+        return super().draft(ctx)
+
+
+def test_the_catch_up_after_a_skip_is_not_charged_to_drafting(model):
+    """Each request's first 40 tokens (an opening the drafter misses) make the gate skip; after
+    them two drafts a round are right (drafting every round: ~1.5× plain). The probe after a
+    k-round skip ingests k rounds of context (0.05 C a row). Charged to the probe, that made it a
+    loss, the next skip longer and its catch-up larger: the gate drafted 15 rounds of 590 (0.985×
+    plain). Judged on what drafting every round costs, it resumes after the opening."""
+    step = lambda q: C * (0.95 + 0.05 * q)  # noqa: E731
+    cost = SPSTableCostModel.from_points({q: step(q) for q in range(1, GAMMA + 2)}, accounting="packed")
+    times = {}
+    for name in ("plain", "gated"):
+        clock = VirtualClock()
+        oracle = IngestingOracle(model, clock, 0.3 * C, lambda n: 0 if n < 40 else 2, ingest=0.05 * C)
+        engine = Engine(TimedTarget(HFTarget(model), clock, step), oracle if name == "gated" else None,
+                        cost_model=cost, draft_gate=DraftGate() if name == "gated" else None, clock=clock)
+        for p in PROMPTS:
+            (c,) = engine.generate([p], SamplingParams.greedy(), max_new_tokens=200, progress=False)
+            assert c.output_ids == greedy_decode(model, p, len(c.output_ids))
+        times[name] = clock.now
+    assert engine.draft_gate.skipped_rounds > 0  # the openings were cut
+    assert times["plain"] / times["gated"] > 1.3, times

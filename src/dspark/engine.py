@@ -324,6 +324,7 @@ class Engine:
         block, raw, out = res.block, res.confidence_logits, res.output
         lengths, expected, accepted, committed = res.lengths, res.expected_tokens, res.accepted, res.committed
         gamma, t_draft, t_target = res.gamma, res.draft_seconds, res.verify_seconds
+        catch_up = self._catch_up_seconds(reqs, features) if drafted else 0.0
         if drafted:
             self.timings["draft"] += t_draft
             self.timings["sequential_head"] += self.drafter.timings.get("sequential_head", 0.0)
@@ -363,13 +364,38 @@ class Engine:
              else R * (1 + int(lengths.max())))
         if self.draft_gate is not None:
             self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model,
-                                    draft_seconds=t_draft if drafted else None, gamma=gamma,
+                                    draft_seconds=t_draft if drafted else None, gamma=gamma, catch_up=catch_up,
                                     expected=float(expected) if drafted else None,
                                     lengths=lengths, accepted=accepted,
                                     survival=torch.cumprod(res.confidence, dim=1) if res.confidence is not None else None)
         self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
                                     t_draft, t_target, seconds, sum(before) / R)
         return outputs
+
+    def _catch_up_seconds(self, reqs: list[_Request], features: dict[str, Any]) -> float:
+        """The part of this drafted round's context ingestion that drafting every round would not
+        have paid here: the feature rows captured in skipped rounds. What drafting every round pays
+        too is steady: each request's newest capture (the anchor and the tokens the last round
+        accepted) and its prompt (a request joining pays it once whenever it drafts first; at high
+        concurrency with turnover that is a real share of every round). The drafter's measured
+        ingest time (``timings["ingest"]``) is split in proportion to the rows. The draft gate
+        judges drafting on what drafting every round costs: the catch-up is the price of the skip
+        before it, and charging it to the probe after the skip made that probe look like a loss
+        (then the next skip was longer, and its probe's catch-up larger)."""
+        ingest = float(getattr(self.drafter, "timings", {}).get("ingest", 0.0))
+        rows = [int(h.shape[0]) for h in features.get("hidden", [])]
+        total = sum(rows)
+        if ingest <= 0.0 or total == 0:
+            return 0.0
+        steady = 0
+        for r, n in zip(reqs, rows):
+            if not r.features:
+                continue
+            chunks = [int(c.shape[0]) for c in r.features]
+            prompt = chunks[0] if r.feature_start == 0 else 0  # the prefill capture starts at position 0
+            newest = chunks[-1] if len(chunks) > (1 if prompt else 0) else 0
+            steady += min(prompt + newest, n)
+        return ingest * (total - steady) / total
 
     def _truncate(self, r: _Request, new: list[int]) -> list[int]:
         """Cut at the first stop token (kept) and at max_new_tokens; mark the request finished."""

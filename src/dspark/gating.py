@@ -17,8 +17,12 @@ miscalibration. Why not the committed tokens themselves: at R = 1 a round commit
 γ + 1 tokens, so a few rounds' committed count is mostly noise and one unlucky probe would keep the
 drafter off for long; τ̂ is a low-noise estimate of the same expectation, and ρ keeps it honest.
 (Rounds observed without τ̂ fall back to the committed tokens.) Measured, because what decides is
-the whole round — drafting, the drafter catching up on skipped tokens, verification, sampling —
-and the calibrated τ̂ and the cost model describe only part of it. A bucket decides only once it has seen ``min_evidence`` drafted request-rounds (one
+the whole round — drafting, verification, sampling, bookkeeping — and the calibrated τ̂ and the
+cost model describe only part of it. Not the drafter catching up on the context of the rounds a
+skip left out (the engine's ``catch_up`` seconds): that is the price of the skip, not of drafting
+every round, and charged to the probe it made every probe after a skip look like a loss — the
+next skip longer, its probe's catch-up larger (a machine in tests/test_gate_machines.py on which
+drafting every round pays 1.5×: 15 drafted rounds of 590, 0.985× plain). A bucket decides only once it has seen ``min_evidence`` drafted request-rounds (one
 round of R = 1 commits anywhere from 1 to γ + 1 tokens: too noisy to act on). Then, after each
 drafted round, if plain is faster (by ``margin``) the next rounds skip the drafter:
 ``min_backoff`` · (plain / speculative)³ of them, doubling on each consecutive loss up to
@@ -348,12 +352,21 @@ class DraftGate:
     def observe(self, num_requests: int, drafted: bool, committed: int, seconds: float,
                 cost_model: CostModel, draft_seconds: float | None = None, gamma: int = 0,
                 expected: float | None = None, lengths: torch.Tensor | None = None,
-                accepted: torch.Tensor | None = None, survival: torch.Tensor | None = None) -> bool:
+                accepted: torch.Tensor | None = None, survival: torch.Tensor | None = None,
+                catch_up: float = 0.0) -> bool:
         """Record a finished round (R, drafted?, tokens committed, its seconds; for drafted rounds
         optionally the drafting seconds and γ, which enable the bound, the scheduler's τ̂, and for
         the forecast the per-request verified lengths ℓ [R], accepted drafts [R] and calibrated
-        prefix survival [R, γ]); returns True when the following rounds will skip drafting."""
+        prefix survival [R, γ]); returns True when the following rounds will skip drafting.
+        ``catch_up``: seconds of a drafted round spent ingesting the context of earlier skipped
+        rounds (part of ``seconds`` and ``draft_seconds``); left out of the rates, the overhead and
+        the bound, which judge drafting every round — the catch-up is what the skip cost."""
         b = batch_bucket(num_requests)
+        paid = seconds  # what this probe cost, catch-up included (the probe budget's excess)
+        if drafted and catch_up > 0.0:
+            seconds = max(seconds - catch_up, 1e-9)
+            if draft_seconds is not None:
+                draft_seconds = max(draft_seconds - catch_up, 0.0)
         if not drafted:
             self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
             self.plain_overhead.setdefault(b, _Mean()).add(
@@ -388,7 +401,7 @@ class DraftGate:
             # the drafter catching up): min_backoff · loss³, doubling on each further loss up to
             # max_backoff, or further while a probe costs more than probe_budget of the skip.
             tokens = (expected if expected is not None else committed) * self._rho()
-            excess = max(seconds - tokens / plain, 0.0)
+            excess = max(paid - tokens / plain, 0.0)
             cap = max(self.max_backoff, math.ceil(excess * plain / (num_requests * self.probe_budget)))
             self.skip = min(max(self.backoff, math.ceil(self.min_backoff * loss**3)), cap)
             self.backoff = min(2 * self.skip, cap)
