@@ -21,7 +21,7 @@ demo: setup
 	$(BIN)/dspark demo
 
 test: setup
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 lint:
 	$(BIN)/ruff check src tests plugins examples scripts

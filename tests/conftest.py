@@ -3,8 +3,15 @@ tests/helpers.py)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two xdist workers on a 2-core machine: one torch thread each, or the
+    # workers' thread pools would spin-wait against each other.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
