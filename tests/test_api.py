@@ -81,7 +81,6 @@ def test_build_data_stops_at_max_tokens_and_resumes_to_a_larger_budget(tiny):
     assert (more.written, more.total_tokens) == (2, sum(len(r["response_ids"]) for r in lines())) == (2, 40)
 
 
-
 def test_build_data_resumes_after_a_torn_last_record(tiny):
     """A run killed mid-write (or a copy of a live file) ends in half a record: the resumed run
     drops it and appends whole records after it, so every line of the file parses."""
@@ -95,6 +94,7 @@ def test_build_data_resumes_after_a_torn_last_record(tiny):
     rows = [json.loads(x) for x in first.train_path.read_text().splitlines()]  # raises on a merged line
     assert (more.already_done, more.written, len(rows)) == (2, 2, 4)
     assert first.train_path.read_text().startswith(whole) and len({r["key"] for r in rows}) == 4
+
 
 def test_evaluate_and_calibrate(tiny):
     root, target, data, run = tiny

@@ -324,7 +324,7 @@ class Engine:
         block, raw, out = res.block, res.confidence_logits, res.output
         lengths, expected, accepted, committed = res.lengths, res.expected_tokens, res.accepted, res.committed
         gamma, t_draft, t_target = res.gamma, res.draft_seconds, res.verify_seconds
-        catch_up = self._catch_up_seconds(reqs, features) if drafted else 0.0
+        catch_up = self._catch_up_seconds(reqs, features) if drafted and self.draft_gate is not None else 0.0
         if drafted:
             self.timings["draft"] += t_draft
             self.timings["sequential_head"] += self.drafter.timings.get("sequential_head", 0.0)
@@ -382,7 +382,7 @@ class Engine:
         judges drafting on what drafting every round costs: the catch-up is the price of the skip
         before it, and charging it to the probe after the skip made that probe look like a loss
         (then the next skip was longer, and its probe's catch-up larger)."""
-        ingest = float(getattr(self.drafter, "timings", {}).get("ingest", 0.0))
+        ingest = float(self.drafter.timings.get("ingest", 0.0))
         rows = [int(h.shape[0]) for h in features.get("hidden", [])]
         total = sum(rows)
         if ingest <= 0.0 or total == 0:
