@@ -17,4 +17,4 @@ common=(--drafter dspark-vanilla-ref --temperature 0 --per-domain "$PER_DOMAIN" 
 dspark eval "${args[@]}" "${common[@]}" --prompts src/dspark/data/natural_eval.jsonl --out "$RUNS/eval12-natural"
 dspark eval "${args[@]}" "${common[@]}" --out "$RUNS/eval12-templated"
 python scripts/paper_findings.py --eval "$RUNS/eval12-natural" --dspark dspark-5l --dflash dflash-5l \
-  --eagle3 eagle3-1l --dspark-small dspark-2l --markdown docs/results_findings.md
+  --eagle3 eagle3-1l --dspark-small dspark-2l --runs "$RUNS" --markdown docs/results_findings.md

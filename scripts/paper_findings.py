@@ -43,6 +43,20 @@ def slope(values: list[float | None]) -> float:
     return sum((x - mx) * (y - my) for x, y in pts) / den
 
 
+def moving_mean(values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last ``window`` values (fewer at the start)."""
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v - (values[i - window] if i >= window else 0.0)
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def load_log(path: Path) -> list[dict[str, Any]]:
+    """A training run's ``log.jsonl`` (one record per step; ``seconds`` cumulative over resumes)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def sweep_point(sweep: list[dict[str, Any]], base: dict[str, Any], keep: float) -> dict[str, Any] | None:
     """The highest threshold that keeps ≥ ``keep`` of the accepted tokens of verifying everything,
     with the share of rejected verifications it removes."""
@@ -66,6 +80,8 @@ def main() -> None:
     ap.add_argument("--keep", type=float, default=0.9, help="share of accepted tokens finding (d) must keep")
     ap.add_argument("--figures", type=Path, default=Path("docs/figures"))
     ap.add_argument("--markdown", type=Path, default=Path("docs/results_findings.md"))
+    ap.add_argument("--runs", type=Path, help="training runs folder (RUNS/<label>/log.jsonl): adds the training curves")
+    ap.add_argument("--smooth", type=int, default=100, help="steps in the curves' moving mean")
     args = ap.parse_args()
 
     import matplotlib
@@ -190,9 +206,42 @@ def main() -> None:
     else:
         md += ["Verdict: not measured (DSpark is missing).", ""]
 
+    if args.runs is not None:
+        md += training_curves(args, have, plt, rel)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text("\n".join(md))
     print(f"wrote {args.markdown} and finding_*.png in {args.figures}")
+
+
+def training_curves(args: argparse.Namespace, have: dict[str, str], plt: Any, rel: Any) -> list[str]:
+    """The Markdown section and figure of the runs' training curves: loss and the teacher-forced
+    analytic τ on the training batches (not held out) against the step, and the cumulative wall clock."""
+    md = ["## Training curves", "",
+          f"From `{args.runs}/<drafter>/log.jsonl`; moving mean over {args.smooth} steps. The loss is each "
+          "kind's own objective (not comparable across kinds); τ is the analytic τ of the teacher-forced "
+          "acceptance on the training batches, not a held-out figure.", ""]
+    logs = {k: load_log(args.runs / v / "log.jsonl") for k, v in have.items()
+            if (args.runs / v / "log.jsonl").is_file()}
+    if not logs:
+        return md + ["No training log found.", ""]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    md += ["| drafter | steps | wall clock h | s / step | loss (last window) | τ teacher-forced (last window) |",
+           "|---|---|---|---|---|---|"]
+    for k, log in logs.items():
+        steps = [r["step"] + 1 for r in log]
+        loss, tau = moving_mean([r["loss"] for r in log], args.smooth), moving_mean([r["tau"] for r in log], args.smooth)
+        a.plot(steps, loss, lw=0.9, label=f"{k} ({have[k]})")
+        b.plot(steps, tau, lw=0.9, label=f"{k} ({have[k]})")
+        secs = log[-1].get("seconds", math.nan)
+        md.append(f"| {k} ({have[k]}) | {steps[-1]} | {secs / 3600:.2f} | {secs / len(log):.2f} | "
+                  f"{loss[-1]:.4f} | {tau[-1]:.3f} |")
+    a.set(xlabel="step", ylabel="loss")
+    b.set(xlabel="step", ylabel="analytic τ (teacher-forced, train)")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.figures / "training_curves.png", dpi=110)
+    plt.close(fig)
+    return md + ["", f"![training curves]({rel(args.figures / 'training_curves.png')})", ""]
 
 
 if __name__ == "__main__":

@@ -63,3 +63,22 @@ def test_a_missing_drafter_is_reported_not_fatal(tmp_path):
     text = md.read_text()
     assert "Not in this run: DSpark (small) (nope)" in text
     assert text.split("## ")[3].count("not measured") == 1
+
+
+def test_training_curves_come_from_the_runs_logs(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = _eval(tmp_path, 2.5)
+    for label, tau0 in (("sp5", 1.5), ("fl5", 1.2)):  # ea1, sp2 have no log: left out, not fatal
+        (tmp_path / "runs" / label).mkdir(parents=True)
+        log = [{"step": i, "loss": 4.0 - i / 100, "tau": tau0 + i / 100, "seconds": 2.0 * (i + 1)} for i in range(100)]
+        (tmp_path / "runs" / label / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    md = tmp_path / "findings.md"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "paper_findings.py"), "--eval", str(path),
+                    "--dspark", "sp5", "--dflash", "fl5", "--eagle3", "ea1", "--dspark-small", "sp2",
+                    "--runs", str(tmp_path / "runs"), "--smooth", "10",
+                    "--figures", str(tmp_path / "fig"), "--markdown", str(md)], check=True, capture_output=True)
+    section = md.read_text().split("## Training curves")[1]
+    # last window: steps 90..99 → τ mean 1.5 + 0.945, loss 4 − 0.945; 200 s over 100 steps
+    assert "| DSpark (sp5) | 100 | 0.06 | 2.00 | 3.0550 | 2.445 |" in section
+    assert "| DFlash (fl5) | 100 | 0.06 | 2.00 | 3.0550 | 2.145 |" in section
+    assert "ea1" not in section and (tmp_path / "fig" / "training_curves.png").is_file()
