@@ -33,6 +33,15 @@ unpack() {  # unpack ARCHIVE/$1.tar.xz into $2 unless $2 already holds data
 }
 unpack templated "$TEMPLATED"
 unpack natural "$DATA"
+# finished runs committed by an earlier session (ARCHIVE/runs/<name>: the int8 checkpoint with its
+# calibration, train.json, log.jsonl, curve.png — no state.pt): restored where RUNS has none, so
+# step 2 skips them and the eval script finds them
+for done in "$ARCHIVE"/runs/*/; do
+  [ -f "$done/checkpoint/config.json" ] || continue
+  name=$(basename "$done")
+  [ -f "$RUNS/$name/checkpoint/config.json" ] || { mkdir -p "$RUNS/$name" && cp -r "$done"/. "$RUNS/$name/" \
+    && echo "restored $done into $RUNS/$name"; }
+done
 
 # 1. data: natural prompts (documentation, real functions, word problems, multi-turn follow-ups),
 #    answered by the target in bf16 at concurrency 48; held-out prompts split by source unit
@@ -57,13 +66,20 @@ train dflash-5l "$STEPS" --kind dflash --num-layers 5
 train eagle3-1l "$STEPS" --kind eagle3 --draft-vocab 4096
 train dspark-2l "$STEPS" --kind dspark --head vanilla-markov --rank 128 --num-layers 2
 
-# 3. the shipped drafter: dspark-5l's step-STEPS state continued to LONG_STEPS (cosine re-spread)
+# 3. the shipped drafter: dspark-5l's step-STEPS state continued to LONG_STEPS (cosine re-spread).
+#    Where dspark-5l's state.pt is gone (a fresh machine: only its int8 checkpoint is committed),
+#    LONG_STEPS - STEPS more steps from that checkpoint with a fresh optimizer (--init-from)
 if want dspark-5l-long && [ ! -f "$RUNS/dspark-5l-long/checkpoint/config.json" ]; then
   mkdir -p "$RUNS/dspark-5l-long"
-  [ -f "$RUNS/dspark-5l-long/state.pt" ] || cp "$RUNS/dspark-5l/state.pt" "$RUNS/dspark-5l-long/"
-  [ -f "$RUNS/dspark-5l-long/log.jsonl" ] || cp "$RUNS/dspark-5l/log.jsonl" "$RUNS/dspark-5l-long/"
-  dspark train --out "$RUNS/dspark-5l-long" --steps "$LONG_STEPS" "${COMMON[@]}" \
-    --kind dspark --head vanilla-markov --rank 128 --num-layers 5
+  if [ -f "$RUNS/dspark-5l-long/state.pt" ] || [ -f "$RUNS/dspark-5l/state.pt" ]; then
+    [ -f "$RUNS/dspark-5l-long/state.pt" ] || cp "$RUNS/dspark-5l/state.pt" "$RUNS/dspark-5l-long/"
+    [ -f "$RUNS/dspark-5l-long/log.jsonl" ] || cp "$RUNS/dspark-5l/log.jsonl" "$RUNS/dspark-5l-long/"
+    dspark train --out "$RUNS/dspark-5l-long" --steps "$LONG_STEPS" "${COMMON[@]}" \
+      --kind dspark --head vanilla-markov --rank 128 --num-layers 5
+  else
+    dspark train --out "$RUNS/dspark-5l-long" --steps $((LONG_STEPS - STEPS)) "${COMMON[@]}" \
+      --init-from "$RUNS/dspark-5l/checkpoint"
+  fi
 fi
 
 # 4. calibration on held-out training-split prompts (disjoint from the shipped natural eval set)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import dspark
 from dspark.bench.run import BenchOptions
@@ -234,3 +235,25 @@ def test_options_or_keywords():
     assert EvalOptions(drafters="ngram", temperatures=0).temperatures == (0.0,)
     assert DataOptions(code_modules="json, re,").code_modules == ("json", "re")
     assert TrainOptions(data=Path("d"), out="o").data == "d"
+
+
+def test_train_init_from_a_checkpoint_starts_at_its_weights(tiny):
+    """--init-from: the checkpoint's config replaces the drafter options (here a different kind,
+    rank and gamma are asked for and ignored), its weights are where training starts (one step at
+    a negligible learning rate saves them back unchanged, where a target-initialised run saves
+    others), and train.json records where it came from; a missing checkpoint is one clear error."""
+    root, target, data, run = tiny
+    base = dict(data=data.out, model=target, steps=1, seqs_per_step=4, anchors=2, features="online",
+                top_k=8, save_dtype="float32", quiet=True, lr=1e-12)
+    again = dspark.train(**base, out=root / "from", init_from=run.checkpoint, kind="dflash", rank=16, gamma=7)
+    assert again.summary["init_from"] == str(run.checkpoint) and again.summary["kind"] == "dspark"
+    assert again.summary["drafter"] == run.summary["drafter"]  # gamma 4, rank 8: the checkpoint's
+    from safetensors.torch import load_file
+
+    a, b = load_file(run.checkpoint / "model.safetensors"), load_file(again.checkpoint / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)  # lr 1e-12: unmoved
+    fresh = dspark.train(**base, out=root / "fresh", rank=8, gamma=4)  # target-initialised: other weights
+    c = load_file(fresh.checkpoint / "model.safetensors")
+    assert any(not torch.allclose(a[k], c[k], atol=1e-3) for k in a if a[k].is_floating_point())
+    with pytest.raises(ValueError, match="does not exist"):
+        dspark.train(**base, out=root / "nope", init_from=root / "no-such-checkpoint")

@@ -289,6 +289,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-ids", type=_ints, help="comma-separated target layer ids (default: evenly spread)")
     p.add_argument("--init", default="target", choices=["target", "random"],
                    help="copy the target's top layers into the draft layers, or random init")
+    p.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="start from a trained drafter (dspark, DeepSpec, speculators or z-lab DFlash checkpoint "
+                        "folder) with a fresh optimizer: its config replaces --kind/--head/--rank/--num-layers/"
+                        "--gamma/--draft-vocab/--layer-ids/--init")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--seqs-per-step", type=int, default=8, help="global batch (sequences) per step")
     p.add_argument("--anchors", type=int, default=32, help="anchor blocks per sequence")

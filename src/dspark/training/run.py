@@ -62,6 +62,7 @@ class TrainOptions(NamespaceOptions):
     draft_vocab: int = field(default=0, validator=at_least(0))
     layer_ids: tuple[int, ...] | None = field(default=None, converter=optional_ints, validator=_layer_ids)
     init: str = field(default="target", validator=one_of("target", "random"))
+    init_from: str | None = field(default=None, converter=optional_path)
     steps: int = field(default=1000, validator=at_least(1))
     seqs_per_step: int = field(default=8, validator=at_least(1))
     anchors: int = field(default=32, validator=at_least(1))
@@ -147,6 +148,23 @@ def load_training_sequences(path: str | Path, max_len: int | None = None) -> tup
     return seqs, pls
 
 
+def load_for_training(model: Any, path: str | Path, target_name: str = "target") -> Any:
+    """A trained drafter checkpoint (any readable format) checked against and bound to the HF
+    ``model``, as float32 trainable weights (an int8 checkpoint dequantized): where ``--init-from``
+    starts. The drafter's config is the checkpoint's."""
+    from types import SimpleNamespace
+
+    from dspark.drafters.checkpoint import from_pretrained
+
+    c = model.config
+    target = SimpleNamespace(model=model, name=target_name, vocab_size=c.vocab_size,
+                             hidden_size=c.hidden_size, num_layers=c.num_hidden_layers)
+    drafter = from_pretrained(path, target).float().train()
+    for p in drafter.parameters():
+        p.requires_grad_(True)
+    return drafter
+
+
 def _dist() -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
@@ -200,8 +218,17 @@ def _train(opts: TrainOptions, rank: int, world: int) -> TrainResult:
         config["draft_vocab_size"] = opts.draft_vocab + 1  # + the placeholder slot
     if opts.layer_ids:
         config["layer_ids"] = tuple(opts.layer_ids)
-    drafter = build_for_target(model, opts.kind, sequences=seqs, init=opts.init,
-                               target_name=opts.model, **config)
+    if opts.init_from:
+        drafter = load_for_training(model, opts.init_from, target_name=opts.model)
+        config = {"gamma": drafter.config.gamma, "num_layers": drafter.config.num_layers,
+                  "head": getattr(drafter.config, "head", None)}
+        if rank == 0:
+            print(f"starting from {opts.init_from} ({drafter.config.kind}, {drafter.config.num_layers} layer(s)); "
+                  "its config replaces the drafter options", file=sys.stderr)
+    else:
+        drafter = build_for_target(model, opts.kind, sequences=seqs, init=opts.init,
+                                   target_name=opts.model, **config)
+    kind = drafter.config.kind
     if opts.features == "cache":
         teacher = opts.teacher
         cache_dir = Path(opts.feature_cache or Path(opts.data) / ("features-full" if teacher == "full" else "features"))
@@ -231,7 +258,7 @@ def _train(opts: TrainOptions, rank: int, world: int) -> TrainResult:
     else:
         data = TrainData(seqs, pls, model=model, teacher=opts.teacher, top_k=opts.top_k)
     tc = TrainConfig.for_kind(
-        opts.kind, steps=opts.steps, seqs_per_step=opts.seqs_per_step, anchors_per_seq=opts.anchors,
+        kind, steps=opts.steps, seqs_per_step=opts.seqs_per_step, anchors_per_seq=opts.anchors,
         grad_accum=opts.grad_accum, lr=opts.lr, dtype=opts.dtype, seed=opts.seed,
         checkpoint_every=opts.checkpoint_every)
     out = Path(opts.out)
@@ -246,7 +273,7 @@ def _train(opts: TrainOptions, rank: int, world: int) -> TrainResult:
     if rank == 0 and trainer.step >= tc.steps:
         ckpt = save_pretrained(drafter, out / "checkpoint", dtype=_save_dtype(opts.save_dtype),
                                quantize=opts.save_dtype == "int8")
-        summary = {"kind": opts.kind, "head": config.get("head"), "steps": tc.steps, "train": tc.to_dict(),
+        summary = {"kind": kind, "head": config.get("head"), "init_from": opts.init_from, "steps": tc.steps, "train": tc.to_dict(),
                    "teacher": data.teacher, "teacher_top_k": data.top_k,
                    "drafter": drafter.config.to_dict(), "sequences": len(seqs),
                    "tokens": sum(len(s) for s in seqs), "seconds_this_run": time.perf_counter() - t0,
