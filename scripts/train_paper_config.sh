@@ -82,11 +82,23 @@ if want dspark-5l-long && [ ! -f "$RUNS/dspark-5l-long/checkpoint/config.json" ]
   fi
 fi
 
-# 4. calibration on held-out training-split prompts (disjoint from the shipped natural eval set)
+# 4. calibration on held-out prompts (never trained on) minus the shipped natural eval set, which is
+#    drawn from the same held-out side: calibration and evaluation prompts are disjoint by key.
+#    bf16, as the eval and serving run the target.
+CAL_PROMPTS="$DATA/calibration_prompts.jsonl"
+[ -f "$CAL_PROMPTS" ] || python - "$DATA/eval_prompts.jsonl" src/dspark/data/natural_eval.jsonl "$CAL_PROMPTS" <<'PY'
+import json, sys
+held_out, shipped_eval, out = sys.argv[1:]
+taken = {json.loads(line)["key"] for line in open(shipped_eval, encoding="utf-8") if line.strip()}
+rows = [line for line in open(held_out, encoding="utf-8") if line.strip() and json.loads(line)["key"] not in taken]
+open(out + ".tmp", "w", encoding="utf-8").writelines(rows)
+__import__("os").replace(out + ".tmp", out)
+print(f"{out}: {len(rows)} held-out prompts, the {len(taken)} of the shipped eval set left out", file=sys.stderr)
+PY
 for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long; do
   want "$name" || continue
   ck="$RUNS/$name/checkpoint"
   [ -f "$ck/config.json" ] && [ ! -f "$ck/calibration.json" ] && \
-    dspark calibrate "$ck" --prompts "$DATA/eval_prompts.jsonl" --quiet
+    dspark calibrate "$ck" --prompts "$CAL_PROMPTS" --dtype bfloat16 --quiet
 done
 exit 0
