@@ -359,6 +359,37 @@ def test_full_teacher_with_a_reduced_vocabulary_reads_only_the_draft_rows(model)
     torch.testing.assert_close(p_a[0, 0, :-1], full[3, d.draft_ids[:-1]], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1024, 4, 1])  # all sequences in one matmul, groups, one sequence each
+@pytest.mark.parametrize("autocast", [False, True])
+def test_teacher_at_equals_a_per_position_softmax(model, monkeypatch, rows, autocast):
+    """The full teacher at every (sequence, position) equals softmax(W_lm z) computed alone for that
+    position — in fp32, and under bf16 autocast (both operands rounded to bf16, as autocast's own
+    matmul rounds them) — however the sequences are grouped into matmuls."""
+    from dspark.training import forward as fw
+
+    monkeypatch.setattr(fw, "_TEACHER_ROWS", rows)
+    seqs, _ = tiny_data(3)
+    d = make(model, "dspark-vanilla", seqs)  # full vocabulary
+    g = torch.Generator().manual_seed(3)
+    last = torch.randn(3, 20, 32, generator=g)
+    pos = torch.tensor([[3, 5, 5, 9, 14], [2, 2, 4, 6, 8], [19, 0, 7, 7, 1]])
+    common = (torch.zeros(3, 20, dtype=torch.long), torch.tensor([20, 20, 20]), torch.tensor([3, 3, 3]),
+              torch.zeros(3, 20, 1), None, None, torch.zeros(3, 1, dtype=torch.long))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        _, _, p, out = fw.teacher_at(d, fw.Batch(*common, last_hidden=last), pos)
+    W = model.lm_head.weight
+    for r in range(3):
+        for m in range(5):
+            z = last[r, pos[r, m]]
+            if autocast:
+                logits = (z.bfloat16()[None] @ W.bfloat16().T)[0]
+            else:
+                logits = W @ z
+            want = torch.softmax(logits.float(), -1)
+            torch.testing.assert_close(p[r, m], want, atol=1e-6, rtol=1e-5)
+    assert torch.equal(out, torch.zeros(3, 5))
+
+
 def test_topk_feature_cache_and_caches_written_before_the_teacher_was_recorded(model, tmp_path):
     seqs, pls = tiny_data(5)
     cache = build_feature_cache(model, seqs, tmp_path, [1, 3], top_k=6, batch_size=2, shard_size=2,

@@ -80,6 +80,9 @@ class Targets:
     logits: torch.Tensor | None = None  # [B, γ, V_d] the logits logq was normalised from (Ũ)
 
 
+_TEACHER_ROWS = 1024  # distinct positions per teacher matmul: [rows, V] fp32 ≈ 200 MB at V = 49152
+
+
 @torch.no_grad()
 def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """The teacher distribution at positions ``pos`` [S, M] (the target's distribution of token
@@ -99,23 +102,38 @@ def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Ten
         if W is None:
             raise RuntimeError("bind_target(embed, lm_head) must be called before training")
         reduced = drafter.vocab_map is not None
-        W_d = drafter._lm_head if reduced else W  # [V_d, d]
-        ps, outs = [], []
-        for r in range(S):  # one sequence at a time: the [M', V] fp32 logits are the peak memory
-            u, inv = pos[r].unique(return_inverse=True)  # [M'] distinct positions
-            z = batch.last_hidden[r, u].to(W.dtype)  # [M', d]
-            if reduced and batch.last_lse is not None:
-                p_d = torch.exp((z @ W_d.T).float() - batch.last_lse[r, u].float()[:, None])  # [M', V_d]
+        lse_path = reduced and batch.last_lse is not None
+        # The LM head in the matmul dtype, cast once here: under autocast each z @ W.T would cast
+        # the whole [V, d] weight again (a sequence at a time: S casts of V·d a step). Same values.
+        dev = W.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else W.dtype
+        W_c = (drafter._lm_head if lse_path else W).to(dt)  # [V_d or V, d]
+        uniq = [pos[r].unique(return_inverse=True) for r in range(S)]  # ([M'] distinct, [M] index)
+        ps, outs, r0 = [], [], 0
+        while r0 < S:  # sequences in groups of ≤ _TEACHER_ROWS distinct positions: the fp32 logits bound memory
+            r1, rows = r0, 0
+            while r1 < S and (r1 == r0 or rows + uniq[r1][0].numel() <= _TEACHER_ROWS):
+                rows += uniq[r1][0].numel()
+                r1 += 1
+            z = torch.cat([batch.last_hidden[r, uniq[r][0]] for r in range(r0, r1)]).to(dt)  # [Σ M', d]
+            if lse_path:
+                lse = torch.cat([batch.last_lse[r, uniq[r][0]] for r in range(r0, r1)]).float()
+                p_d = torch.exp((z @ W_c.T).float() - lse[:, None])  # [Σ M', V_d]
             else:
-                p_full = torch.softmax(z @ W.T, dim=-1, dtype=torch.float32)  # [M', V]
+                p_full = torch.softmax(z @ W_c.T, dim=-1, dtype=torch.float32)  # [Σ M', V]
                 p_d = p_full[:, drafter.draft_ids] if reduced else p_full
             if reduced:
                 p_d[:, -1] = 0.0  # the placeholder slot scores nothing
                 out = (1.0 - p_d.sum(-1)).clamp_min(0.0)
             else:
-                out = p_d.new_zeros(u.numel())
-            ps.append(p_d[inv])
-            outs.append(out[inv])
+                out = p_d.new_zeros(p_d.shape[0])
+            off = 0
+            for r in range(r0, r1):
+                u, inv = uniq[r]
+                ps.append(p_d[off : off + u.numel()][inv])
+                outs.append(out[off : off + u.numel()][inv])
+                off += u.numel()
+            r0 = r1
         return None, None, torch.stack(ps), torch.stack(outs)
     if batch.top_ids is None or batch.top_logp is None:
         raise ValueError("the batch has no teacher (neither last_hidden nor top_ids / top_logp)")
