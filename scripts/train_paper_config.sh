@@ -13,6 +13,14 @@
 # The shipped drafter, dspark-5l-long, continues dspark-5l to 3x the steps of today's shipped one.
 set -euo pipefail
 [ -x .venv/bin/dspark ] && export PATH="$PWD/.venv/bin:$PATH"  # `make setup` installs dspark there
+# tcmalloc where installed (apt install libtcmalloc-minimal4): under glibc malloc every step's large
+# temporaries (the [blocks · γ, V] logits) are fresh mmaps, a page fault per 4 KB; dspark-5l's step
+# took 1.76 s with glibc and 1.08 s with tcmalloc on this 2-core CPU (docs/training.md)
+if [ -z "${LD_PRELOAD:-}" ]; then
+  for lib in /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib/x86_64-linux-gnu/libtcmalloc.so.4; do
+    [ -f "$lib" ] && { export LD_PRELOAD=$lib; echo "using $lib"; break; }
+  done
+fi
 RUNS=${RUNS:-runs}
 TEMPLATED=${TEMPLATED:-$RUNS/data}   # the older templated data: its responses seed the multi-turn follow-ups
 DATA=${DATA:-$RUNS/data12}
