@@ -83,6 +83,19 @@ class Targets:
 _TEACHER_ROWS = 1024  # distinct positions per teacher matmul: [rows, V] fp32 ≈ 200 MB at V = 49152
 
 
+def _row_groups(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive index ranges [r0, r1) whose ``sizes`` sum to ≤ ``limit`` (an item larger than
+    ``limit`` forms a range of its own)."""
+    groups: list[tuple[int, int]] = []
+    r0, rows = 0, 0
+    for r, n in enumerate(sizes):
+        if r > r0 and rows + n > limit:
+            groups.append((r0, r))
+            r0, rows = r, 0
+        rows += n
+    return groups + [(r0, len(sizes))] if sizes else groups
+
+
 @torch.no_grad()
 def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """The teacher distribution at positions ``pos`` [S, M] (the target's distribution of token
@@ -109,12 +122,9 @@ def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Ten
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else W.dtype
         W_c = (drafter._lm_head if lse_path else W).to(dt)  # [V_d or V, d]
         uniq = [pos[r].unique(return_inverse=True) for r in range(S)]  # ([M'] distinct, [M] index)
-        ps, outs, r0 = [], [], 0
-        while r0 < S:  # sequences in groups of ≤ _TEACHER_ROWS distinct positions: the fp32 logits bound memory
-            r1, rows = r0, 0
-            while r1 < S and (r1 == r0 or rows + uniq[r1][0].numel() <= _TEACHER_ROWS):
-                rows += uniq[r1][0].numel()
-                r1 += 1
+        ps, outs = [], []
+        # sequences in groups of ≤ _TEACHER_ROWS distinct positions: the fp32 logits bound memory
+        for r0, r1 in _row_groups([u.numel() for u, _ in uniq], _TEACHER_ROWS):
             z = torch.cat([batch.last_hidden[r, uniq[r][0]] for r in range(r0, r1)]).to(dt)  # [Σ M', d]
             if lse_path:
                 lse = torch.cat([batch.last_lse[r, uniq[r][0]] for r in range(r0, r1)]).float()
@@ -133,7 +143,6 @@ def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Ten
                 ps.append(p_d[off : off + u.numel()][inv])
                 outs.append(out[off : off + u.numel()][inv])
                 off += u.numel()
-            r0 = r1
         return None, None, torch.stack(ps), torch.stack(outs)
     if batch.top_ids is None or batch.top_logp is None:
         raise ValueError("the batch has no teacher (neither last_hidden nor top_ids / top_logp)")

@@ -220,8 +220,6 @@ def _train(opts: TrainOptions, rank: int, world: int) -> TrainResult:
         config["layer_ids"] = tuple(opts.layer_ids)
     if opts.init_from:
         drafter = load_for_training(model, opts.init_from, target_name=opts.model)
-        config = {"gamma": drafter.config.gamma, "num_layers": drafter.config.num_layers,
-                  "head": getattr(drafter.config, "head", None)}
         if rank == 0:
             print(f"starting from {opts.init_from} ({drafter.config.kind}, {drafter.config.num_layers} layer(s)); "
                   "its config replaces the drafter options", file=sys.stderr)
@@ -273,7 +271,7 @@ def _train(opts: TrainOptions, rank: int, world: int) -> TrainResult:
     if rank == 0 and trainer.step >= tc.steps:
         ckpt = save_pretrained(drafter, out / "checkpoint", dtype=_save_dtype(opts.save_dtype),
                                quantize=opts.save_dtype == "int8")
-        summary = {"kind": kind, "head": config.get("head"), "init_from": opts.init_from, "steps": tc.steps, "train": tc.to_dict(),
+        summary = {"kind": kind, "head": drafter.config.head, "init_from": opts.init_from, "steps": tc.steps, "train": tc.to_dict(),
                    "teacher": data.teacher, "teacher_top_k": data.top_k,
                    "drafter": drafter.config.to_dict(), "sequences": len(seqs),
                    "tokens": sum(len(s) for s in seqs), "seconds_this_run": time.perf_counter() - t0,
