@@ -2,7 +2,7 @@
 model, scheduler → ``dspark.Engine`` → generate, and check it against the target's greedy decode.
 
     python examples/custom_pipeline.py           # a tiny random Llama target, a second on any CPU
-    python examples/custom_pipeline.py --real    # SmolLM2-135M-Instruct + the shipped dspark-gated drafter
+    python examples/custom_pipeline.py --real    # SmolLM2-135M-Instruct + the shipped dspark-5l drafter
 
 Every part is picked by name from the plugin registry (``dspark plugins`` lists them) or passed as
 an object satisfying its protocol. On the tiny random target the drafter is untrained, so τ (mean
@@ -48,7 +48,7 @@ def build(real: bool):
         from dspark.checkpoints import resolve_checkpoint
 
         target = dspark.load_target()  # SmolLM2-135M-Instruct, fp32 (needs the `target` extra)
-        folder = resolve_checkpoint("dspark-gated")
+        folder = resolve_checkpoint("dspark-5l")
         drafter = dspark.get_drafter("dspark", target=target, checkpoint=folder)
         cal = folder / "calibration.json"
         calibrator = load_calibrator(cal) if cal.is_file() else dspark.get_calibrator("identity")

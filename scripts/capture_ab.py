@@ -16,7 +16,7 @@ from dspark.gating import DraftGate
 
 torch.set_num_threads(2)
 t = dspark.load_target("smollm2-135m", torch.bfloat16)
-label, drafter, cal = load_drafter_spec("dspark-vanilla-ref", t)
+label, drafter, cal = load_drafter_spec("dspark-vanilla-ref=data/smollm2-135m/retired/dspark-vanilla-ref", t)  # the drafter it measured
 ids = [encode_prompt(t.tokenizer, p.text) for p in eval_prompts(None, 4)]
 cost = dspark.get_cost_model("sps-table", profile=sys.argv[1])
 C = [int(x) for x in sys.argv[2].split(",")]

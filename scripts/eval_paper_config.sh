@@ -13,7 +13,7 @@ for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long; do
   [ -f "$RUNS/$name/checkpoint/config.json" ] && args+=(--drafter "$name=$RUNS/$name/checkpoint")
 done
 [ ${#args[@]} -gt 0 ] || { echo "no finished drafter under $RUNS (run scripts/train_paper_config.sh)" >&2; exit 1; }
-common=(--drafter dspark-vanilla-ref --temperature 0 --per-domain "$PER_DOMAIN" --dtype bfloat16 --quiet)
+common=(--drafter dspark-vanilla-ref=data/smollm2-135m/retired/dspark-vanilla-ref --temperature 0 --per-domain "$PER_DOMAIN" --dtype bfloat16 --quiet)
 dspark eval "${args[@]}" "${common[@]}" --prompts src/dspark/data/natural_eval.jsonl --out "$RUNS/eval12-natural"
 dspark eval "${args[@]}" "${common[@]}" --out "$RUNS/eval12-templated"
 python scripts/paper_findings.py --eval "$RUNS/eval12-natural" --dspark dspark-5l --dflash dflash-5l \

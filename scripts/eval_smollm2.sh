@@ -7,23 +7,27 @@ set -euo pipefail
 RUNS=${RUNS:-runs}
 NAMES="dspark-gated dspark-vanilla dspark-rnn dflash eagle3 dspark-gated-long"
 SHIP=src/dspark/checkpoints/smollm2-135m
+RETIRED=data/smollm2-135m/retired  # the 1-layer DSpark drafters are no longer packaged (dspark-5l is)
 
-# 1. ship: weights, config, calibration and the training record of every finished run
+# 1. ship (dflash, eagle3) or file under retired/ (the DSpark ones): weights, config, calibration and
+#    the training record of every finished run
+where() { case $1 in dspark-*) echo "$RETIRED/$1" ;; *) echo "$SHIP/$1" ;; esac; }
 for name in $NAMES; do
   ck="$RUNS/$name/checkpoint"
   [ -f "$ck/calibration.json" ] || dspark calibrate "$ck" --prompts "$RUNS/data/eval_prompts.jsonl" --quiet
-  mkdir -p "$SHIP/$name"
-  cp "$ck"/{config.json,model.safetensors,calibration.json,calibration_report.md} "$SHIP/$name/"
-  cp "$RUNS/$name/train.json" "$SHIP/$name/"
+  dest=$(where "$name")
+  mkdir -p "$dest"
+  cp "$ck"/{config.json,model.safetensors,calibration.json,calibration_report.md} "$dest/"
+  cp "$RUNS/$name/train.json" "$dest/"
 done
 cp "$RUNS/data/eval_prompts.jsonl" "$SHIP/"
 
 # 2. the paper's metrics on the held-out prompts, greedy and T = 1 (resumable: finished runs are kept)
 args=()
-for name in $NAMES; do args+=(--drafter "$name=$SHIP/$name"); done
+for name in $NAMES; do args+=(--drafter "$name=$(where "$name")"); done
 dspark eval "${args[@]}" --drafter ngram --temperature 0 1 --per-domain 12 --max-new-tokens 96 \
   --out "$RUNS/eval" --quiet
 
 # 3. the README main job, then the results page
-dspark demo --drafter dspark-gated-long --out out/demo
+dspark demo --drafter "$RETIRED/dspark-gated-long" --out out/demo
 python scripts/results_smollm2.py --runs "$RUNS" --eval "$RUNS/eval" --demo out/demo

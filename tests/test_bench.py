@@ -390,9 +390,15 @@ def test_bench_cli_on_smollm2(tmp_path):
     assert all(r["throughput_tok_s"] > 0 and not math.isnan(r["tau"]) for r in result["rows"])
     assert (tmp_path / "bench.png").is_file() and (tmp_path / "bench.md").is_file()
     assert len(list((tmp_path / "runs").glob("*.json"))) == 10
-    for rel in ("profile.json", "profile.shapes.json", "traces.json", "interop/trtllm/sts.json",
+    for rel in ("profile.json", "profile.shapes.json", "traces.json",
                 "interop/trtllm/sps_table.json", "interop/vllm/speculative_config.per_batch_size.json"):
         assert (tmp_path / rel).is_file(), rel
+    # TensorRT-LLM's confidence file holds STS temperatures only: written for an STS calibration,
+    # withheld (never written without the bias) for the shipped default's STS + bias
+    from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
+
+    calibration = json.loads((resolve_checkpoint(DEFAULT_DRAFTER) / "calibration.json").read_text())["name"]
+    assert (tmp_path / "interop/trtllm/sts.json").is_file() == (calibration == "sts"), calibration
     assert result["time_model"]["target_scale"] > 0 and result["agreement"]
     before = (tmp_path / "runs" / "r0-c1-plain.json").read_text()
     assert main(args) == 0  # resumes: the recorded runs are reused

@@ -13,9 +13,11 @@ from pathlib import Path
 __all__ = ["ROOT", "DEFAULT_DRAFTER", "shipped", "locate", "resolve_checkpoint", "eval_prompts_path"]
 
 ROOT = Path(__file__).parent / "smollm2-135m"
-# The main job's drafter: reference layout (vanilla head, Qwen3 draft layers, full vocabulary), so
-# `dspark convert dspark-vanilla-ref OUT --to speculators --target smollm2-135m` gives what vLLM serves.
-DEFAULT_DRAFTER = "dspark-vanilla-ref"
+# The main job's drafter: the paper's configuration in the reference layout (5 Qwen3 draft layers,
+# vanilla head, full vocabulary), trained on the 1 M-token natural data (data/smollm2-135m/), so
+# `dspark convert dspark-5l OUT --to speculators --target smollm2-135m` gives what vLLM serves.
+# Drafters shipped before it are kept, unpackaged, in data/smollm2-135m/retired/.
+DEFAULT_DRAFTER = "dspark-5l"
 
 
 def shipped() -> list[str]:
