@@ -134,6 +134,24 @@ def test_collect_rounds_and_metrics_agree_with_the_engine(target):
     assert Rounds.from_dict(json.loads(json.dumps(rounds.to_dict()))).accepted.tolist() == rounds.accepted.tolist()
 
 
+def test_collect_rounds_sends_a_multi_turn_prompt_as_its_whole_conversation(target, monkeypatch):
+    """A held-out follow-up ("explain step 2") is only meaningful after its earlier turns: the
+    engine must get the conversation, not the last user turn alone (calibration and eval prompts
+    include such prompts)."""
+    seen = []
+
+    def encode(self, prompt, chat=True):
+        seen.append(prompt)
+        return torch.tensor([1, 2, 3])
+
+    monkeypatch.setattr(Engine, "encode", encode)
+    turns = (("user", "What is 3 + 4?"), ("assistant", "7."), ("user", "And times 2?"))
+    prompts = [Prompt("And times 2?", "math", messages=turns), Prompt("Hi", "chat")]
+    drafter = dspark.get_drafter("dspark", target=target, gamma=4, num_layers=1, rank=8)
+    collect_rounds(target, drafter, prompts, SamplingParams.greedy(), max_new_tokens=4, progress=False)
+    assert seen == [[{"role": r, "content": c} for r, c in turns], "Hi"]
+
+
 def test_threshold_sweep_counts():
     a = torch.tensor([[0.9, 0.6, 0.3], [0.8, 0.2, 0.1]])
     acc = torch.tensor([1, 3])

@@ -82,13 +82,14 @@ def test_greedy_loop_matches_target_on_code_prompt(smollm2, prior):
     makes sps-greedy verify nothing (plain decoding), at 0.9 it verifies drafts; both must match.
     """
     import dspark
-    from dspark.demo import PROMPTS, _encode
+    from dspark.demo import PROMPTS
+    from dspark.engine import encode_prompt
     from dspark.speculative import plain_generate, speculative_generate
     from dspark.types import SamplingParams
 
     model, tok = smollm2
     assert next(model.parameters()).dtype == torch.float32
-    ids = _encode(tok, PROMPTS["code"])
+    ids = encode_prompt(tok, PROMPTS["code"])
     reference = plain_generate(model, ids, 32, tok.eos_token_id)
     drafter = dspark.get_drafter("ngram", vocab_size=model.config.vocab_size, gamma=7,
                                  prior_acceptance=prior)

@@ -81,6 +81,9 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="shipped drafter name or checkpoint folder")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--per-domain", type=int, default=2, help="held-out prompts per domain for the speed run")
+    p.add_argument("--prompts", help="prompts JSONL for the speed run (default: the shipped natural-prompt eval "
+                   "set, src/dspark/data/natural_eval.jsonl; the templated one: "
+                   "src/dspark/checkpoints/smollm2-135m/eval_prompts.jsonl)")
     p.add_argument("--repeats", type=int, default=3, help="side-by-side repeats (the median is reported)")
     p.add_argument("--samples", type=int, default=4000, help="draws for the sampling check")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],

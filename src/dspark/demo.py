@@ -8,7 +8,8 @@
    distance to p is compared with that of plain samples from p (the noise floor) and of q itself.
    Drafts of full length are verified (the ``full`` scheduler), so accepted *and* rejected draft
    tokens occur; the report counts both.
-3. Speed (concurrency 1, held-out prompts): the dtype is chosen by measurement at start-up (the
+3. Speed (concurrency 1, held-out prompts: by default the shipped natural-prompt eval set, which
+   nothing was trained or calibrated on): the dtype is chosen by measurement at start-up (the
    faster plain step, :mod:`dspark.autotune`) unless ``--dtype`` fixes it, and the cost model is the
    verification profile measured for that dtype on this machine. Plain decoding — the best of HF
    ``generate`` and the engine without a drafter — against the engine with the drafter and the draft
@@ -35,7 +36,7 @@ from tqdm import tqdm
 from dspark.autotune import choose_dtype
 from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.models import load_causal_lm
-from dspark.options import NamespaceOptions, at_least, one_of, path, resolve_options
+from dspark.options import NamespaceOptions, at_least, one_of, optional_path, path, resolve_options
 from dspark.sampling import probs_from_logits, sample
 from dspark.speculative import plain_generate
 from dspark.types import SamplingParams
@@ -57,6 +58,7 @@ class DemoOptions(NamespaceOptions):
     gate: bool = True
     out: str = field(default="out/demo", converter=path)
     model: str = field(default="smollm2-135m", converter=path)
+    prompts: str | None = field(default=None, converter=optional_path)  # None: the natural eval set
 
 
 @frozen
@@ -123,12 +125,6 @@ def _sampling_check(model, prompt_ids: torch.Tensor, n: int, seed: int) -> dict:
     }
 
 
-def _encode(tok, text: str) -> torch.Tensor:
-    msgs = [{"role": "user", "content": text}]
-    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)
-    return torch.tensor(enc["input_ids"])
-
-
 def _engine(model, tok, drafter_dir, calibrator, cost, scheduler="sps-greedy", gate=False):
     """An engine on a fresh HFTarget around ``model`` (plain decoding when ``drafter_dir`` is None;
     the engines must not share a target: each keeps its own per-request caches)."""
@@ -170,6 +166,9 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     ``overrides`` replace fields of ``options`` (or of the defaults)."""
     from dspark.calibration import load_calibrator
     from dspark.checkpoints import resolve_checkpoint
+    from dspark.data.natural.common import SHIPPED_EVAL
+    from dspark.data.prompts import prompt_request
+    from dspark.engine import encode_prompt
     from dspark.evaluation_runs import eval_prompts
 
     opts = resolve_options(DemoOptions, options, overrides)
@@ -183,14 +182,15 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     print(f"loading target {opts.model} (fp32) and drafter {folder.name} ...", flush=True)
     model, tok = load_causal_lm(opts.model, torch.float32)
     eos = tok.eos_token_id
-    encoded = {name: _encode(tok, text) for name, text in PROMPTS.items()}
+    encoded = {name: encode_prompt(tok, text) for name, text in PROMPTS.items()}
     identity, gamma = _identity(model, tok, folder, calibrator, encoded, opts.max_new_tokens, eos)
     all_identical = all(r["identical_to_target_greedy"] for r in identity)
     check = _sampling_check(model, encoded["chat"], opts.samples, seed=0)
 
     # 3. speed, concurrency 1, dtype by measurement ---------------------------------------------
-    prompts = eval_prompts(None, opts.per_domain)
-    ids = [_encode(tok, p.text) for p in prompts]
+    prompt_file = opts.prompts or str(SHIPPED_EVAL)
+    prompts = eval_prompts(prompt_file, opts.per_domain)
+    ids = [encode_prompt(tok, prompt_request(p)) for p in prompts]
     context = round(statistics.mean(x.numel() for x in ids)) + opts.max_new_tokens // 2
     choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=opts.dtype)
     del model
@@ -241,7 +241,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         "identity_verified_drafts": sum(r["verified_drafts"] for r in identity),
         "identity_accepted_drafts": sum(r["accepted_drafts"] for r in identity),
         "sampling_check": check, "dtype_choice": choice.to_dict(),
-        "speed": {"dtype": choice.dtype, "prompts": len(ids), "repeats": opts.repeats,
+        "speed": {"dtype": choice.dtype, "prompts": len(ids), "prompt_file": Path(prompt_file).name,
+                  "repeats": opts.repeats,
                   "draft_gate": gate is not None, "seconds_per_repeat": totals,
                   "gate_rounds": {"rounds": spec_engine.rounds,
                                   "skipped": gate.skipped_rounds if gate else 0,
@@ -279,7 +280,8 @@ def _markdown(r: dict) -> str:
         f"ATen {mach['aten_capability']}; {mach['threads']} threads).",
         "",
         f"**Speed-up over the best plain decode: {sp['speedup_vs_best_plain']:.2f}×** "
-        f"({sp['dtype']}, concurrency 1, {sp['prompts']} held-out prompts × {sp['repeats']} repeats, median of summed "
+        f"({sp['dtype']}, concurrency 1, {sp['prompts']} held-out prompts of {sp.get('prompt_file', 'eval_prompts.jsonl')} "
+        f"× {sp['repeats']} repeats, median of summed "
         f"wall-clock times normalised to {r['max_new_tokens']} tokens; mean τ {sp['mean_tau']:.2f}; draft gate "
         + (f"on: {gate['skipped']} of {gate['rounds']} rounds skipped the drafter)." if sp["draft_gate"] else "off)."),
         "",

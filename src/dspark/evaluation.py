@@ -76,6 +76,7 @@ def collect_rounds(
 
     from tqdm import tqdm
 
+    from dspark.data.prompts import prompt_request
     from dspark.engine import Engine
 
     engine = Engine(target, drafter, scheduler=scheduler, calibrator="identity", seed=seed)
@@ -89,7 +90,7 @@ def collect_rounds(
         while pending or live:
             while pending and len(live) < concurrency:
                 i, p = pending.pop()
-                rid = engine.add_request(p.text, sampling, max_new_tokens=max_new_tokens, request_id=f"p{i}")
+                rid = engine.add_request(prompt_request(p), sampling, max_new_tokens=max_new_tokens, request_id=f"p{i}")
                 live[rid] = (i, p)
             engine.step()
             for c in engine.pop_finished():

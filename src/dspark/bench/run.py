@@ -252,6 +252,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     from dspark.bench.report import aggregate, agreement, bench_markdown, plot_bench, ratios
     from dspark.bench.runner import parse_scheduler_spec, run_level
     from dspark.bench.simulate import TimeModel, fit_time_model, simulate_level, traces_from_rounds
+    from dspark.data.prompts import prompt_request
     from dspark.engine import encode_prompt
     from dspark.evaluation import Rounds, collect_rounds, save_json
     from dspark.evaluation_runs import eval_prompts, load_drafter_spec
@@ -279,7 +280,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     gate = ["sps-greedy"] if opts.gate is None else [g for g in opts.gate if g != "none"]
     gated = [s.label for s in specs if not s.plain and (s.label in gate or s.name in gate)]
     prompts = eval_prompts(opts.prompts, opts.per_domain)
-    ids = [encode_prompt(getattr(target, "tokenizer", None), p.text) for p in prompts]
+    ids = [encode_prompt(getattr(target, "tokenizer", None), prompt_request(p)) for p in prompts]
     sampling = SamplingParams.greedy() if opts.temperature == 0 else SamplingParams.random(opts.temperature)
     # Verification cost grows with the KV length (on this CPU a 64-request step costs 1.6× at 128
     # tokens of context than at 64): profile at the workload's mean context unless told otherwise.
