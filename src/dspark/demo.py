@@ -252,7 +252,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
                   "prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
         # ISA caps in the environment (they emulate an older CPU) are part of the command
         "command": " ".join([*choice.machine.caps, "dspark demo"]) + " "
-        + " ".join(_flag(k, v) for k, v in attrs.asdict(opts).items()),
+        + " ".join(_flag(k, v) for k, v in attrs.asdict(opts).items() if v is not None),
     }
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
     md = _markdown(result)
