@@ -82,6 +82,10 @@ def main() -> None:
     ap.add_argument("--markdown", type=Path, default=Path("docs/results_findings.md"))
     ap.add_argument("--runs", type=Path, help="training runs folder (RUNS/<label>/log.jsonl): adds the training curves")
     ap.add_argument("--smooth", type=int, default=100, help="steps in the curves' moving mean")
+    ap.add_argument("--draft-times", type=Path,
+                    help="scripts/draft_time_by_layers.py's JSON: adds draft ms per round to the ratio targets")
+    ap.add_argument("--draft-keys", default="dspark-5L,dflash-5L,eagle3-1L,dspark-2L",
+                    help="its configurations for DSpark, DFlash, Eagle3 and the small DSpark, in that order")
     args = ap.parse_args()
 
     import matplotlib
@@ -206,11 +210,49 @@ def main() -> None:
     else:
         md += ["Verdict: not measured (DSpark is missing).", ""]
 
+    md += ratio_targets(args, have, tau, cols)
     if args.runs is not None:
         md += training_curves(args, have, plt, rel)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text("\n".join(md))
     print(f"wrote {args.markdown} and finding_*.png in {args.figures}")
+
+
+RATIO_TARGETS = {"DFlash": 1.25, "Eagle3": 1.2}  # issue 12: DSpark's τ over each baseline's
+
+
+def ratio_targets(args: argparse.Namespace, have: dict[str, str], tau: dict[str, dict[str, float]],
+                  cols: list[str]) -> list[str]:
+    """DSpark's τ over DFlash's and Eagle3's per domain against issue 12's targets, next to each
+    drafter's draft time per round where ``--draft-times`` gives it (the comparison is meant at ≤
+    equal draft time: DSpark's round must cost no more than Eagle3's)."""
+    md = ["## Targets: DSpark ≥ 1.25× DFlash and ≥ 1.2× Eagle3 in τ, at ≤ equal draft time per round", ""]
+    if "DSpark" not in tau:
+        return md + ["Not measured (DSpark is missing).", ""]
+    md += ["| DSpark over | " + " | ".join(cols) + " | target | verdict |", "|---|" + "---|" * (len(cols) + 2)]
+    for base, target in RATIO_TARGETS.items():
+        if base not in tau:
+            md.append(f"| {base} | " + " | ".join("–" for _ in cols) + f" | {target}× | not measured |")
+            continue
+        r = {d: tau["DSpark"][d] / tau[base][d] for d in cols}
+        short = [d for d in cols if r[d] < target]
+        verdict = "**met** in every domain" if not short else "**missed** in " + ", ".join(short)
+        md.append(f"| {base} ({have[base]}) | " + " | ".join(f"{r[d]:.3f}×" for d in cols) + f" | {target}× | {verdict} |")
+    md.append("")
+    if args.draft_times is not None:
+        times = json.loads(args.draft_times.read_text())
+        keys = dict(zip(("DSpark", "DFlash", "Eagle3", "DSpark (small)"), args.draft_keys.split(",")))
+        ms = {k: times["draft_ms_per_round"][key]["median_ms"] for k, key in keys.items()
+              if key in times["draft_ms_per_round"]}
+        md += [f"Draft time per round ({times.get('dtype')}, R = {times.get('R')}, γ = {times.get('gamma')}; "
+               f"{times.get('machine')}; random weights of each configuration, `{args.draft_times}`): "
+               + ", ".join(f"{k} ({keys[k]}) {v:.1f} ms" for k, v in ms.items()) + "."]
+        if "DSpark" in ms and "Eagle3" in ms:
+            ok = ms["DSpark"] <= ms["Eagle3"]
+            md.append(f"DSpark's round {'costs no more than' if ok else 'costs more than'} Eagle3's "
+                      f"({ms['DSpark']:.1f} vs {ms['Eagle3']:.1f} ms).")
+        md.append("")
+    return md
 
 
 def training_curves(args: argparse.Namespace, have: dict[str, str], plt: Any, rel: Any) -> list[str]:

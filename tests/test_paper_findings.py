@@ -82,3 +82,21 @@ def test_training_curves_come_from_the_runs_logs(tmp_path):
     assert "| DSpark (sp5) | 100 | 0.06 | 2.00 | 3.0550 | 2.445 |" in section
     assert "| DFlash (fl5) | 100 | 0.06 | 2.00 | 3.0550 | 2.145 |" in section
     assert "ea1" not in section and (tmp_path / "fig" / "training_curves.png").is_file()
+
+
+def test_ratio_targets_are_judged_per_domain_with_draft_times(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = _eval(tmp_path, 2.0)  # DFlash: code 2.0 (DSpark 1.5×), math 2.5 (1.2×); Eagle3 2.0 (1.5×)
+    times = {"dtype": "bfloat16", "R": 1, "gamma": 7, "machine": "m",
+             "draft_ms_per_round": {"dspark-5L": {"median_ms": 14.5}, "dflash-5L": {"median_ms": 7.5},
+                                    "eagle3-1L": {"median_ms": 20.2}}}
+    (tmp_path / "times.json").write_text(json.dumps(times))
+    md = tmp_path / "findings.md"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "paper_findings.py"), "--eval", str(path),
+                    "--dspark", "sp5", "--dflash", "fl5", "--eagle3", "ea1", "--dspark-small", "sp2",
+                    "--draft-times", str(tmp_path / "times.json"),
+                    "--figures", str(tmp_path / "fig"), "--markdown", str(md)], check=True, capture_output=True)
+    section = md.read_text().split("## Targets")[1]
+    assert "| DFlash (fl5) | 1.500× | 1.200× | 1.333× | 1.25× | **missed** in math |" in section
+    assert "| Eagle3 (ea1) | 1.500× | 1.500× | 1.500× | 1.2× | **met** in every domain |" in section
+    assert "DSpark (dspark-5L) 14.5 ms" in section and "costs no more than Eagle3's (14.5 vs 20.2 ms)" in section
