@@ -364,6 +364,16 @@ def test_cli_demo_with_missing_model_exits_2(capsys, tmp_path):
     assert "dspark demo: error:" in err and "neither" in err
 
 
+def test_cli_demo_with_a_missing_prompt_file_exits_2_before_loading_a_model(capsys, tmp_path):
+    from dspark.cli import main
+
+    # the model path is missing too: the prompt file is checked first, so its error is the one shown
+    assert main(["demo", "--prompts", str(tmp_path / "none.jsonl"), "--model", str(tmp_path / "absent"),
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "dspark demo: error: prompt file" in err and "none.jsonl does not exist" in err
+
+
 def test_load_causal_lm_rejects_a_folder_without_config(tmp_path):
     with pytest.raises(FileNotFoundError, match="not an HF model folder"):
         load_causal_lm(str(tmp_path))

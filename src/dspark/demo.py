@@ -172,6 +172,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     from dspark.evaluation_runs import eval_prompts
 
     opts = resolve_options(DemoOptions, options, overrides)
+    prompt_file = opts.prompts or str(SHIPPED_EVAL)
+    prompts = eval_prompts(prompt_file, opts.per_domain)  # a bad file fails here, before any model loads
     torch.manual_seed(0)
     folder = resolve_checkpoint(opts.drafter)
     cal_path = folder / "calibration.json"
@@ -188,8 +190,6 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     check = _sampling_check(model, encoded["chat"], opts.samples, seed=0)
 
     # 3. speed, concurrency 1, dtype by measurement ---------------------------------------------
-    prompt_file = opts.prompts or str(SHIPPED_EVAL)
-    prompts = eval_prompts(prompt_file, opts.per_domain)
     ids = [encode_prompt(tok, prompt_request(p)) for p in prompts]
     context = round(statistics.mean(x.numel() for x in ids)) + opts.max_new_tokens // 2
     choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=opts.dtype)
