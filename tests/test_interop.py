@@ -139,7 +139,12 @@ def test_write_interop_and_the_cli(tmp_path):
                  str(tmp_path / "rounds.json")]) == 0
     got = json.loads((tmp_path / "c/best_fixed_lengths.json").read_text())
     assert got["survival"] == [0.75, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25]
-    assert json.loads((tmp_path / "c/trtllm/sts.json").read_text())["sts_temperatures"]  # the shipped STS
+    # the shipped default's calibration (STS + bias) has no TensorRT-LLM form; --calibration with an
+    # STS file gives one, its temperatures exactly
+    STSCalibrator(temperatures=(1.5, 2.0, 1.0, 1.0, 1.0, 1.0, 3.0)).save(tmp_path / "sts_cal.json")
+    assert main(["interop", "--out", str(tmp_path / "d"), "--profile", str(prof), "--traces",
+                 str(tmp_path / "rounds.json"), "--calibration", str(tmp_path / "sts_cal.json")]) == 0
+    assert json.loads((tmp_path / "d/trtllm/sts.json").read_text())["sts_temperatures"] == [1.5, 2.0, 1.0, 1.0, 1.0, 1.0, 3.0]
 
 
 LONG = [(1, 0.012), (8, 0.020), (64, 0.120), (512, 0.900)]  # the same target over 1024 tokens of KV
