@@ -393,8 +393,8 @@ def test_bench_cli_on_smollm2(tmp_path):
     for rel in ("profile.json", "profile.shapes.json", "traces.json",
                 "interop/trtllm/sps_table.json", "interop/vllm/speculative_config.per_batch_size.json"):
         assert (tmp_path / rel).is_file(), rel
-    # TensorRT-LLM's confidence file holds STS temperatures only: written for an STS calibration,
-    # withheld (never written without the bias) for the shipped default's STS + bias
+    # TensorRT-LLM's confidence file holds STS temperatures only: written for an STS calibration
+    # (the shipped default's), withheld for an STS + bias one (never written without the bias)
     from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
 
     calibration = json.loads((resolve_checkpoint(DEFAULT_DRAFTER) / "calibration.json").read_text())["name"]

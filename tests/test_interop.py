@@ -139,8 +139,7 @@ def test_write_interop_and_the_cli(tmp_path):
                  str(tmp_path / "rounds.json")]) == 0
     got = json.loads((tmp_path / "c/best_fixed_lengths.json").read_text())
     assert got["survival"] == [0.75, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25]
-    # the shipped default's calibration (STS + bias) has no TensorRT-LLM form; --calibration with an
-    # STS file gives one, its temperatures exactly
+    # --calibration overrides the drafter's own calibration.json: an STS file's temperatures, exactly
     STSCalibrator(temperatures=(1.5, 2.0, 1.0, 1.0, 1.0, 1.0, 3.0)).save(tmp_path / "sts_cal.json")
     assert main(["interop", "--out", str(tmp_path / "d"), "--profile", str(prof), "--traces",
                  str(tmp_path / "rounds.json"), "--calibration", str(tmp_path / "sts_cal.json")]) == 0
