@@ -165,6 +165,24 @@ def test_run_demo(tiny):
         f"--samples 200 --dtype float32 --gate --out {root / 'demo'} --model {target}")
 
 
+def test_run_demo_races_the_dtypes_on_speculative_speed(tiny):
+    """--dtype auto: both dtypes rated by their best fixed draft length (survival of the identity
+    rounds, overhead timed on each); plain decoding runs in its own faster dtype and the baseline
+    is the fastest plain run, HF generate timed in both dtypes when they differ."""
+    root, target, data, run = tiny
+    demo = dspark.run_demo(drafter=run.checkpoint, model=target, max_new_tokens=8, per_domain=1, repeats=1,
+                           samples=200, dtype="auto", out=root / "demo-auto")
+    choice, speed = demo.result["dtype_choice"], demo.result["speed"]
+    assert set(choice["speculative"]) == {"float32", "bfloat16"}
+    best = max(choice["speculative"], key=lambda d: choice["speculative"][d]["tokens_per_second"])
+    assert speed["dtype"] == choice["dtype"] == best
+    assert speed["plain_dtype"] == min(choice["plain_step_seconds"], key=choice["plain_step_seconds"].get)
+    plain_runs = {k: v for k, v in speed["median_seconds"].items() if k != "engine_dspark"}
+    assert (f"hf_generate_{best}" in plain_runs) == (speed["plain_dtype"] != best)
+    assert speed["baseline"] == min(plain_runs, key=plain_runs.get)
+    assert demo.speedup == pytest.approx(plain_runs[speed["baseline"]] / speed["median_seconds"]["engine_dspark"])
+
+
 # -- options --------------------------------------------------------------------------------------
 
 

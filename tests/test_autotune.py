@@ -103,3 +103,66 @@ def test_dtype_choice_round_trips_to_dict():
     d = c.to_dict()
     assert d["profile_step_seconds"] == {"1": 0.04, "2": 0.05} and d["machine"]["kind"] == "AVX2 only (bf16 emulated)"
     assert "float32 40.0 ms, bfloat16 50.0 ms" in d["reason"]
+
+
+# An AMX-like CPU (measured 2026-12-02 on a 2-core Xeon, scaled to γ = 3): bf16 is slower for one
+# token but verifies 4 for little more; fp32's step grows with every token verified.
+AMX = {torch.float32: {1: 0.038, 2: 0.050, 3: 0.062, 4: 0.074},
+       torch.bfloat16: {1: 0.041, 2: 0.042, 3: 0.043, 4: 0.044}}
+SURVIVAL = (0.5, 0.4, 0.35)
+
+
+def _longhand_rates(profile: dict[int, float], survival, overhead: float) -> list[float]:
+    """Expected tokens / s at one request drafting k = 0..γ, from the definitions: (1 + Σ_{j≤k} s_j)
+    tokens per t(1 + k) (+ the overhead when k > 0), t the non-decreasing envelope of the profile."""
+    env = {q: min(v for w, v in profile.items() if w >= q) for q in profile}
+    return [(1 + sum(survival[:k])) / (env[1 + k] + (overhead if k else 0.0)) for k in range(len(survival) + 1)]
+
+
+def test_with_a_speculation_the_faster_speculative_decode_wins(monkeypatch):
+    model = tiny_causal_lm()
+    _fake_profiles(monkeypatch, AMX)
+    seen: list[torch.dtype] = []
+
+    def overhead(target, cost):
+        seen.append(next(target.model.parameters()).dtype)
+        return 0.015
+
+    spec = autotune.Speculation(SURVIVAL, overhead)
+    choice, target = choose_dtype(model, None, context=20, gamma=3, speculation=spec)
+    assert seen == [torch.float32, torch.bfloat16]  # timed on each candidate's own target
+    assert choice.dtype == "bfloat16" and choice.plain_dtype == "float32"
+    assert next(target.model.parameters()).dtype == torch.bfloat16 and choice.profile == AMX[torch.bfloat16]
+    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        rates = _longhand_rates(AMX[dt], SURVIVAL, 0.015)
+        got = choice.speculative[name]
+        assert got["tokens_per_second"] == pytest.approx(max(rates))
+        assert got["draft_length"] == rates.index(max(rates))
+        assert got["plain_tokens_per_second"] == pytest.approx(1 / AMX[dt][1])
+    assert choice.speculative["float32"]["draft_length"] == 0  # drafting cannot pay in fp32 here
+    assert "the faster speculative decode" in choice.reason and "plain decoding is faster in float32" in choice.reason
+    d = choice.to_dict()
+    assert d["plain_dtype"] == "float32" and d["speculative"]["bfloat16"]["draft_length"] == 3
+
+
+def test_where_drafting_pays_in_no_dtype_the_faster_plain_step_wins(monkeypatch):
+    model = tiny_causal_lm()
+    _fake_profiles(monkeypatch, SLOW_BF16)
+    spec = autotune.Speculation((0.05, 0.01, 0.0), lambda target, cost: 0.030)
+    choice, _ = choose_dtype(model, None, context=20, gamma=3, speculation=spec)
+    assert choice.dtype == choice.plain_dtype == "float32"
+    assert all(v["draft_length"] == 0 for v in choice.speculative.values())
+    # a fixed dtype is not raced, even with a speculation
+    fixed, _ = choose_dtype(model, None, context=20, gamma=3, dtype="bfloat16", speculation=spec)
+    assert fixed.dtype == "bfloat16" and fixed.speculative == {} and "fixed by the user" in fixed.reason
+
+
+def test_speculation_and_survival_are_checked():
+    with pytest.raises(ValueError, match="non-increasing"):
+        autotune.Speculation((0.3, 0.5), lambda t, c: 0.0)
+    with pytest.raises(TypeError):
+        autotune.Speculation((0.3,), 0.01)
+    # rounds that verified a full block only: s_j = fraction with accepted >= j
+    assert autotune.survival_from_rounds([0, 2, 3, 1, 3], [3, 3, 3, 3, 2], 3) == (0.75, 0.5, 0.25)
+    with pytest.raises(ValueError, match="no round verified a full block"):
+        autotune.survival_from_rounds([1], [2], 3)

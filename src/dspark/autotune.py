@@ -8,6 +8,16 @@ plain step (one request, one token over ``context`` tokens of KV cache) of the t
 candidate dtype, keeps the faster, and returns the verification profile t(1 + ℓ), ℓ = 0..γ, it
 measured for that dtype — the cost model the scheduler and the draft gate then use. A few seconds.
 
+The faster plain step is not always the faster speculative decode. On a 2-core Xeon with AMX
+(measured 2026-12-02) a bf16 plain step is *slower* than an fp32 one (41 vs 38 ms: a one-row bf16
+GEMV gains nothing there) while verifying 8 tokens costs 1.8× one token in fp32 and little more
+than one in bf16 (AMX tiles fill with 8 rows). Given a :class:`Speculation` — the drafter's
+acceptance survival and a way to time its round overhead on a candidate target — every candidate
+is rated by its best fixed draft length's expected tokens per second at one request
+(:func:`dspark.cost_models.best_fixed_length`, k = 0 being plain decoding), and the speculative
+engine runs in the best one; plain decoding is still timed in each and ``plain_dtype`` names the
+faster, for the baseline a fair comparison needs.
+
 Terms: a *plain step* is one target forward of one new token (plain decoding's cost per token);
 ``context`` is the KV-cache length the job will decode at (prompt + about half the new tokens).
 """
@@ -17,16 +27,19 @@ from __future__ import annotations
 import copy
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import torch
 from attrs import frozen
 
 from dspark.cost_models import SPSTableCostModel
+from dspark.cost_models.accounting import best_fixed_length, check_survival
 from dspark.profiling import cpu_name, time_shapes
 
-__all__ = ["Machine", "DtypeChoice", "DTYPES", "measure_profile", "choose_dtype", "profile_cost_model"]
+__all__ = ["Machine", "DtypeChoice", "Speculation", "DTYPES", "measure_profile", "choose_dtype",
+           "profile_cost_model", "survival_from_rounds"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # CPU flags that decide whether bf16 (and wide fp32) matmuls are native here.
@@ -118,12 +131,28 @@ class DtypeChoice:
     fixed: bool  # the user fixed the dtype (only its profile was measured)
     seconds: float  # how long the measurement took
     machine: Machine
+    # with a Speculation: dtype → {"draft_length": k*, "tokens_per_second": its expected rate at one
+    # request, "plain_tokens_per_second": 1 / t(1), "overhead_seconds": a drafted round's overhead}
+    speculative: dict[str, dict[str, float]] = attrs.field(factory=dict)
+
+    @property
+    def plain_dtype(self) -> str:
+        """The dtype of the faster plain step (the plain-decoding baseline's)."""
+        return min(self.plain_step_seconds, key=self.plain_step_seconds.__getitem__)
 
     @property
     def reason(self) -> str:
         """One line: what was picked and why."""
         ms = ", ".join(f"{d} {s * 1e3:.1f} ms" for d, s in self.plain_step_seconds.items())
-        how = "fixed by the user" if self.fixed else "the faster plain step"
+        if self.fixed:
+            how = "fixed by the user"
+        elif self.speculative:
+            rated = ", ".join(f"{d} {v['tokens_per_second']:.1f} tok/s at k = {int(v['draft_length'])}"
+                              for d, v in self.speculative.items())
+            how = (f"the faster speculative decode, expected at one request: {rated}; "
+                   f"plain decoding is faster in {self.plain_dtype}")
+        else:
+            how = "the faster plain step"
         return (f"dtype {self.dtype} ({how}; plain step at a {self.context}-token context: {ms}; "
                 f"measured in {self.seconds:.1f} s on {self.machine.cores}-core {self.machine.cpu}, "
                 f"{self.machine.kind})")
@@ -135,9 +164,30 @@ class DtypeChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "context": self.context, "fixed_by_user": self.fixed,
-                "plain_step_seconds": self.plain_step_seconds,
+                "plain_step_seconds": self.plain_step_seconds, "plain_dtype": self.plain_dtype,
+                "speculative": self.speculative,
                 "profile_step_seconds": {str(q): s for q, s in self.profile.items()},
                 "measure_seconds": self.seconds, "reason": self.reason, "machine": self.machine.to_dict()}
+
+
+@frozen
+class Speculation:
+    """What drafting is worth, for the dtype race (module docstring): ``survival`` s_j =
+    P(accepted ≥ j), j = 1..γ, measured with every draft position verified (acceptance hardly
+    depends on the dtype), and ``overhead(target, cost_model)`` → seconds a drafted round of one
+    request spends beyond its verification step on that candidate target (drafting, bookkeeping:
+    :func:`dspark.bench.prior.measure_draft_overhead`)."""
+
+    survival: tuple[float, ...] = attrs.field(converter=lambda v: tuple(check_survival(v)))
+    overhead: Callable[[Any, Any], float] = attrs.field(validator=attrs.validators.is_callable())
+
+
+def survival_from_rounds(accepted: Sequence[int], proposed: Sequence[int], gamma: int) -> tuple[float, ...]:
+    """s_j = P(accepted ≥ j), j = 1..γ, over the rounds that verified a full block of γ drafts."""
+    full = [a for a, p in zip(accepted, proposed) if p == gamma]
+    if not full:
+        raise ValueError(f"no round verified a full block of {gamma} drafts: the survival is unknown")
+    return tuple(sum(a >= j for a in full) / len(full) for j in range(1, gamma + 1))
 
 
 def choose_dtype(
@@ -150,12 +200,15 @@ def choose_dtype(
     candidates: Sequence[str] = ("float32", "bfloat16"),
     repeats: int = 5,
     make_target: Any = None,
+    speculation: Speculation | None = None,
 ) -> tuple[DtypeChoice, Any]:
     """Pick the target's dtype by measurement (module docstring) → (choice, target in that dtype).
 
     ``model`` is an HF causal LM in any dtype; the other candidates are cast copies of it.
     ``dtype="auto"`` measures every candidate; a dtype name fixes it and measures only its profile.
     ``make_target(model, tokenizer)`` wraps a model (default :class:`dspark.targets.HFTarget`).
+    ``speculation`` (under "auto"): the candidates race on expected speculative tokens per second
+    at one request instead of the plain step; ``choice.plain_dtype`` still names the faster plain one.
     """
     if make_target is None:
         from dspark.targets import HFTarget as make_target
@@ -180,6 +233,17 @@ def choose_dtype(
         profiles[name] = measure_profile(targets[name], context, range(1, gamma + 2), repeats)
         steps[name] = profiles[name][1]
     best = min(steps, key=steps.__getitem__)
+    rated: dict[str, dict[str, float]] = {}
+    if speculation is not None and dtype == "auto":
+        if len(speculation.survival) > gamma:
+            raise ValueError(f"the survival has {len(speculation.survival)} positions, more than gamma = {gamma}")
+        for name in names:
+            cost = profile_cost_model(profiles[name], dtype=name, model="target", device="cpu")
+            extra = float(speculation.overhead(targets[name], cost))
+            k, rate = best_fixed_length(speculation.survival, cost, 1, draft_seconds=extra)
+            rated[name] = {"draft_length": k, "tokens_per_second": rate,
+                           "plain_tokens_per_second": 1.0 / profiles[name][1], "overhead_seconds": extra}
+        best = max(rated, key=lambda n: rated[n]["tokens_per_second"])
     choice = DtypeChoice(best, context, steps, profiles[best], dtype != "auto", time.perf_counter() - t0,
-                         Machine.current())
+                         Machine.current(), rated)
     return choice, targets[best]

@@ -9,12 +9,15 @@
    Drafts of full length are verified (the ``full`` scheduler), so accepted *and* rejected draft
    tokens occur; the report counts both.
 3. Speed (concurrency 1, held-out prompts: by default the shipped natural-prompt eval set, which
-   nothing was trained or calibrated on): the dtype is chosen by measurement at start-up (the
-   faster plain step, :mod:`dspark.autotune`) unless ``--dtype`` fixes it, and the cost model is the
-   verification profile measured for that dtype on this machine. Plain decoding — the best of HF
-   ``generate`` and the engine without a drafter — against the engine with the drafter and the draft
-   gate (which stops drafting where the measured rates say it does not pay), side by side, prompt by
-   prompt, repeated; the speed-up is the median over repeats of the summed wall-clock times. The
+   nothing was trained or calibrated on): the dtype is chosen by measurement at start-up unless
+   ``--dtype`` fixes it — the one whose best fixed draft length promises the most tokens per second
+   (:mod:`dspark.autotune`: the verification profile of each dtype, the acceptance survival of the
+   identity rounds above, the drafter's round overhead timed on each) — and the cost model is the
+   verification profile measured for that dtype on this machine. Plain decoding runs in *its* faster
+   dtype (which may be the other one). Plain decoding — the best of HF ``generate`` (in both dtypes
+   when they differ) and the engine without a drafter — against the engine with the drafter and the
+   draft gate (which stops drafting where the measured rates say it does not pay), side by side, prompt
+   by prompt, repeated; the speed-up is the median over repeats of the summed wall-clock times. The
    report states the machine (CPU, the ISA flags that matter, threads, dtype) next to the figure.
 Writes ``demo.json`` and ``demo.md`` to ``--out``. The library function is :func:`run_demo` (a
 :class:`DemoOptions` in, a :class:`DemoResult` out).
@@ -22,6 +25,7 @@ Writes ``demo.json`` and ``demo.md`` to ``--out``. The library function is :func
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import time
@@ -33,7 +37,7 @@ import torch
 from attrs import field, frozen
 from tqdm import tqdm
 
-from dspark.autotune import choose_dtype
+from dspark.autotune import DTYPES, choose_dtype
 from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.models import load_causal_lm
 from dspark.options import NamespaceOptions, at_least, one_of, optional_path, path, resolve_options
@@ -145,19 +149,40 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
-def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> tuple[list[dict], int]:
-    """fp32 greedy identity with every draft verified at full length (``full`` scheduler)."""
+def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> tuple[list[dict], int, tuple]:
+    """fp32 greedy identity with every draft verified at full length (``full`` scheduler) → (rows,
+    γ, the acceptance survival s_j over those rounds: every position was verified)."""
+    from dspark.autotune import survival_from_rounds
+
     engine = _engine(model, tok, folder, calibrator, None, scheduler="full")
-    rows = []
+    rows, accepted, proposed = [], [], []
     for domain, ids in tqdm(encoded.items(), desc="greedy identity (fp32, full drafts)", leave=False):
         reference = plain_generate(model, ids, max_new_tokens, eos)
         (c,) = engine.generate([ids], SamplingParams.greedy(), max_new_tokens=max_new_tokens, progress=False)
         m = c.rounds
-        verified, accepted = sum(m.verified), sum(m.accepted)
+        accepted += m.accepted
+        proposed += m.proposed
         rows.append({"domain": domain, "identical_to_target_greedy": c.output_ids == reference,
-                     "new_tokens": len(c.output_ids), "verified_drafts": verified, "accepted_drafts": accepted,
+                     "new_tokens": len(c.output_ids), "verified_drafts": sum(m.verified),
+                     "accepted_drafts": sum(m.accepted),
                      "rejected_drafts": sum(1 for v, a in zip(m.verified, m.accepted) if a < v), **c.metrics})
-    return rows, engine.drafter.gamma
+    gamma = engine.drafter.gamma
+    return rows, gamma, survival_from_rounds(accepted, proposed, gamma)
+
+
+def _speculation(folder, calibrator, survival, ids) -> Any:
+    """The dtype race's :class:`~dspark.autotune.Speculation`: the identity rounds' survival and
+    the drafter's round overhead timed on each candidate target (8 rounds drafting γ against 8
+    plain ones, one request)."""
+    from dspark.autotune import Speculation
+    from dspark.bench.prior import measure_draft_overhead
+    from dspark.drafters.checkpoint import from_pretrained
+
+    def overhead(target, cost) -> float:
+        drafter = from_pretrained(folder, target)
+        return measure_draft_overhead(target, drafter, ids, [1], cost, calibrator, rounds=8).get(1, 0.0)
+
+    return Speculation(survival, overhead)
 
 
 def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoResult:
@@ -185,32 +210,41 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     model, tok = load_causal_lm(opts.model, torch.float32)
     eos = tok.eos_token_id
     encoded = {name: encode_prompt(tok, text) for name, text in PROMPTS.items()}
-    identity, gamma = _identity(model, tok, folder, calibrator, encoded, opts.max_new_tokens, eos)
+    identity, gamma, survival = _identity(model, tok, folder, calibrator, encoded, opts.max_new_tokens, eos)
     all_identical = all(r["identical_to_target_greedy"] for r in identity)
     check = _sampling_check(model, encoded["chat"], opts.samples, seed=0)
 
     # 3. speed, concurrency 1, dtype by measurement ---------------------------------------------
     ids = [encode_prompt(tok, prompt_request(p)) for p in prompts]
     context = round(statistics.mean(x.numel() for x in ids)) + opts.max_new_tokens // 2
-    choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=opts.dtype)
+    choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=opts.dtype,
+                                  speculation=_speculation(folder, calibrator, survival, ids[:2]))
+    # plain decoding in its own faster dtype: the baseline is the best plain decode on this machine
+    plain_model = (target.model if choice.plain_dtype == choice.dtype
+                   else copy.deepcopy(model).to(DTYPES[choice.plain_dtype]))
     del model
     model = target.model
     print(choice.reason, flush=True)
     cost = choice.cost_model(opts.model)
     print(f"{choice.dtype} verification step time by tokens verified: "
           + ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in choice.profile.items()), flush=True)
-    plain_engine = _engine(model, tok, None, None, cost)
+    plain_engine = _engine(plain_model, tok, None, None, cost)
     spec_engine = _engine(model, tok, folder, calibrator, cost, gate=opts.gate)
-    totals: dict[str, list[float]] = {"hf_generate": [], "engine_plain": [], "engine_dspark": []}
+    # HF generate in both dtypes when they differ (the start-up race is a few steps: noisy)
+    hf_models = {"hf_generate": plain_model}
+    if plain_model is not model:
+        hf_models[f"hf_generate_{choice.dtype}"] = model
+    totals: dict[str, list[float]] = {k: [] for k in [*hf_models, "engine_plain", "engine_dspark"]}
     per_prompt, taus, match = [], [], []
     bar = tqdm(total=opts.repeats * len(ids), desc=f"speed ({choice.dtype}, concurrency 1)", leave=False)
     for rep in range(opts.repeats):
         sums = dict.fromkeys(totals, 0.0)
         for p, x in zip(prompts, ids):
-            ref, t_hf = _timed(lambda x=x: plain_generate(model, x, opts.max_new_tokens, eos))
+            for name, m_hf in hf_models.items():
+                ref, t_hf = _timed(lambda x=x, m_hf=m_hf: plain_generate(m_hf, x, opts.max_new_tokens, eos))
+                sums[name] += t_hf * opts.max_new_tokens / max(len(ref), 1)  # per token budget
             (cp,), t_plain = _timed(lambda x=x: plain_engine.generate([x], greedy, opts.max_new_tokens, progress=False))
             (cs,), t_spec = _timed(lambda x=x: spec_engine.generate([x], greedy, opts.max_new_tokens, progress=False))
-            sums["hf_generate"] += t_hf * opts.max_new_tokens / max(len(ref), 1)  # per token budget
             sums["engine_plain"] += t_plain * opts.max_new_tokens / max(len(cp.output_ids), 1)
             sums["engine_dspark"] += t_spec * opts.max_new_tokens / max(len(cs.output_ids), 1)
             if rep == 0:
@@ -230,8 +264,9 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     bar.close()
     gate = spec_engine.draft_gate
     med = {k: statistics.median(v) for k, v in totals.items()}
-    baseline = min(med["hf_generate"], med["engine_plain"])
-    speedup = baseline / med["engine_dspark"]
+    plain_runs = {k: v for k, v in med.items() if k != "engine_dspark"}
+    baseline_name = min(plain_runs, key=plain_runs.__getitem__)
+    speedup = plain_runs[baseline_name] / med["engine_dspark"]
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {
@@ -247,7 +282,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
                   "gate_rounds": {"rounds": spec_engine.rounds,
                                   "skipped": gate.skipped_rounds if gate else 0,
                                   "hopeless": gate.hopeless_rounds if gate else 0},
-                  "median_seconds": med, "baseline": "hf_generate" if med["hf_generate"] <= med["engine_plain"] else "engine_plain",
+                  "median_seconds": med, "baseline": baseline_name, "plain_dtype": choice.plain_dtype,
                   "speedup_vs_best_plain": speedup, "mean_tau": statistics.mean(taus),
                   "prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
         # ISA caps in the environment (they emulate an older CPU) are part of the command
