@@ -181,6 +181,10 @@ def test_run_demo_races_the_dtypes_on_speculative_speed(tiny):
     assert (f"hf_generate_{best}" in plain_runs) == (speed["plain_dtype"] != best)
     assert speed["baseline"] == min(plain_runs, key=plain_runs.get)
     assert demo.speedup == pytest.approx(plain_runs[speed["baseline"]] / speed["median_seconds"]["engine_dspark"])
+    # the draft gate starts from the same measurements: the identity rounds' survival, the overhead
+    prior = speed["gate_prior"]
+    assert prior["draft_overhead"] == {"1": choice["speculative"][best]["overhead_seconds"]}
+    assert len(prior["survival"]) == demo.result["gamma"]
 
 
 # -- options --------------------------------------------------------------------------------------

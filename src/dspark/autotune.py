@@ -146,7 +146,7 @@ class DtypeChoice:
         ms = ", ".join(f"{d} {s * 1e3:.1f} ms" for d, s in self.plain_step_seconds.items())
         if self.fixed:
             how = "fixed by the user"
-        elif self.speculative:
+        elif len(self.speculative) > 1:
             rated = ", ".join(f"{d} {v['tokens_per_second']:.1f} tok/s at k = {int(v['draft_length'])}"
                               for d, v in self.speculative.items())
             how = (f"the faster speculative decode, expected at one request: {rated}; "
@@ -207,8 +207,9 @@ def choose_dtype(
     ``model`` is an HF causal LM in any dtype; the other candidates are cast copies of it.
     ``dtype="auto"`` measures every candidate; a dtype name fixes it and measures only its profile.
     ``make_target(model, tokenizer)`` wraps a model (default :class:`dspark.targets.HFTarget`).
-    ``speculation`` (under "auto"): the candidates race on expected speculative tokens per second
-    at one request instead of the plain step; ``choice.plain_dtype`` still names the faster plain one.
+    ``speculation``: each measured dtype is rated by its expected speculative tokens per second at
+    one request (``choice.speculative``), and under "auto" the candidates race on that instead of
+    the plain step; ``choice.plain_dtype`` still names the faster plain one.
     """
     if make_target is None:
         from dspark.targets import HFTarget as make_target
@@ -234,7 +235,7 @@ def choose_dtype(
         steps[name] = profiles[name][1]
     best = min(steps, key=steps.__getitem__)
     rated: dict[str, dict[str, float]] = {}
-    if speculation is not None and dtype == "auto":
+    if speculation is not None:  # every measured dtype rated; a race only under "auto"
         if len(speculation.survival) > gamma:
             raise ValueError(f"the survival has {len(speculation.survival)} positions, more than gamma = {gamma}")
         for name in names:
@@ -243,7 +244,8 @@ def choose_dtype(
             k, rate = best_fixed_length(speculation.survival, cost, 1, draft_seconds=extra)
             rated[name] = {"draft_length": k, "tokens_per_second": rate,
                            "plain_tokens_per_second": 1.0 / profiles[name][1], "overhead_seconds": extra}
-        best = max(rated, key=lambda n: rated[n]["tokens_per_second"])
+        if dtype == "auto":
+            best = max(rated, key=lambda n: rated[n]["tokens_per_second"])
     choice = DtypeChoice(best, context, steps, profiles[best], dtype != "auto", time.perf_counter() - t0,
                          Machine.current(), rated)
     return choice, targets[best]

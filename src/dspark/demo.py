@@ -39,6 +39,7 @@ from tqdm import tqdm
 
 from dspark.autotune import DTYPES, choose_dtype
 from dspark.checkpoints import DEFAULT_DRAFTER
+from dspark.gating import GatePrior
 from dspark.models import load_causal_lm
 from dspark.options import NamespaceOptions, at_least, one_of, optional_path, path, resolve_options
 from dspark.sampling import probs_from_logits, sample
@@ -129,9 +130,10 @@ def _sampling_check(model, prompt_ids: torch.Tensor, n: int, seed: int) -> dict:
     }
 
 
-def _engine(model, tok, drafter_dir, calibrator, cost, scheduler="sps-greedy", gate=False):
+def _engine(model, tok, drafter_dir, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None):
     """An engine on a fresh HFTarget around ``model`` (plain decoding when ``drafter_dir`` is None;
-    the engines must not share a target: each keeps its own per-request caches)."""
+    the engines must not share a target: each keeps its own per-request caches); ``prior``: the
+    draft gate's :class:`~dspark.gating.GatePrior`."""
     from dspark.drafters.checkpoint import from_pretrained
     from dspark.engine import Engine
     from dspark.gating import DraftGate
@@ -140,7 +142,7 @@ def _engine(model, tok, drafter_dir, calibrator, cost, scheduler="sps-greedy", g
     target = HFTarget(model, tok)
     drafter = from_pretrained(drafter_dir, target) if drafter_dir is not None else None
     return Engine(target, drafter, scheduler=scheduler, cost_model=cost, calibrator=calibrator or "identity",
-                  draft_gate=DraftGate() if gate and drafter is not None else None)
+                  draft_gate=DraftGate(prior=prior) if gate and drafter is not None else None)
 
 
 def _timed(fn):
@@ -229,7 +231,11 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     print(f"{choice.dtype} verification step time by tokens verified: "
           + ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in choice.profile.items()), flush=True)
     plain_engine = _engine(plain_model, tok, None, None, cost)
-    spec_engine = _engine(model, tok, folder, calibrator, cost, gate=opts.gate)
+    # the gate starts from what the start-up measured (as dspark bench's --gate-prior): the identity
+    # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
+    rated = choice.speculative.get(choice.dtype)
+    prior = GatePrior(survival, {1: rated["overhead_seconds"]}) if rated else None
+    spec_engine = _engine(model, tok, folder, calibrator, cost, gate=opts.gate, prior=prior)
     # HF generate in both dtypes when they differ (the start-up race is a few steps: noisy)
     hf_models = {"hf_generate": plain_model}
     if plain_model is not model:
@@ -283,6 +289,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
                                   "skipped": gate.skipped_rounds if gate else 0,
                                   "hopeless": gate.hopeless_rounds if gate else 0},
                   "median_seconds": med, "baseline": baseline_name, "plain_dtype": choice.plain_dtype,
+                  "gate_prior": prior.to_dict() if prior is not None else None,
                   "speedup_vs_best_plain": speedup, "mean_tau": statistics.mean(taus),
                   "prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
         # ISA caps in the environment (they emulate an older CPU) are part of the command
@@ -315,13 +322,21 @@ def _markdown(r: dict) -> str:
         f"ATen {mach['aten_capability']}; {mach['threads']} threads).",
         "",
         f"**Speed-up over the best plain decode: {sp['speedup_vs_best_plain']:.2f}×** "
-        f"({sp['dtype']}, concurrency 1, {sp['prompts']} held-out prompts of {sp.get('prompt_file', 'eval_prompts.jsonl')} "
+        f"({sp['dtype']}, plain decoding in {sp.get('plain_dtype', sp['dtype'])}, concurrency 1, {sp['prompts']} held-out prompts of {sp.get('prompt_file', 'eval_prompts.jsonl')} "
         f"× {sp['repeats']} repeats, median of summed "
         f"wall-clock times normalised to {r['max_new_tokens']} tokens; mean τ {sp['mean_tau']:.2f}; draft gate "
         + (f"on: {gate['skipped']} of {gate['rounds']} rounds skipped the drafter)." if sp["draft_gate"] else "off)."),
         "",
         f"Start-up choice: {ch['reason']}.",
         "",
+    ]
+    if sp.get("gate_prior"):
+        gp = sp["gate_prior"]
+        lines += [f"Draft gate prior (from the start-up measurements): survival s_1…s_γ = "
+                  + " ".join(f"{v:.2f}" for v in gp["survival"]) + " (the fp32 identity rounds below), "
+                  f"drafted-round overhead {1e3 * gp['draft_overhead']['1']:.1f} ms at one request "
+                  f"({sp['dtype']}).", ""]
+    lines += [
         "Verification step time by tokens verified (" + ch["dtype"] + "): "
         + ", ".join(f"{q}: {s * 1e3:.1f} ms" for q, s in ch["profile_step_seconds"].items()) + ".",
         "",
