@@ -332,7 +332,7 @@ def _markdown(r: dict) -> str:
     ]
     if sp.get("gate_prior"):
         gp = sp["gate_prior"]
-        lines += [f"Draft gate prior (from the start-up measurements): survival s_1…s_γ = "
+        lines += ["Draft gate prior (from the start-up measurements): survival s_1…s_γ = "
                   + " ".join(f"{v:.2f}" for v in gp["survival"]) + " (the fp32 identity rounds below), "
                   f"drafted-round overhead {1e3 * gp['draft_overhead']['1']:.1f} ms at one request "
                   f"({sp['dtype']}).", ""]
