@@ -10,7 +10,8 @@
 #   dflash-5l   DFlash, 5 draft layers
 #   eagle3-1l   Eagle3, 1 layer (a 5-layer DSpark round costs less than Eagle3's, docs/results.md)
 #   dspark-2l   DSpark with 2 layers (finding c: a 2-layer DSpark >= a 5-layer DFlash)
-# The shipped drafter, dspark-5l-long, continues dspark-5l to 3x the steps of today's shipped one.
+# dspark-5l-long continues dspark-5l (from its committed int8 checkpoint on a fresh machine) to
+# LONG_STEPS steps in all.
 set -euo pipefail
 [ -x .venv/bin/dspark ] && export PATH="$PWD/.venv/bin:$PATH"  # `make setup` installs dspark there
 # tcmalloc where installed (apt install libtcmalloc-minimal4): under glibc malloc every step's large
@@ -25,7 +26,7 @@ RUNS=${RUNS:-runs}
 TEMPLATED=${TEMPLATED:-$RUNS/data}   # the older templated data: its responses seed the multi-turn follow-ups
 DATA=${DATA:-$RUNS/data12}
 STEPS=${STEPS:-3000}                 # the equal-budget comparison
-LONG_STEPS=${LONG_STEPS:-9000}       # the shipped drafter: 3x dspark-vanilla-ref's 3000 steps
+LONG_STEPS=${LONG_STEPS:-7000}       # dspark-5l-long: dspark-5l's 3000 steps + 4000 (what fit one 2-core session)
 COMMON=(--data "$DATA" --feature-cache "$DATA/features-full-bf16" --teacher-dtype bfloat16 --teacher full
         --gamma 7 --seqs-per-step 8 --anchors 8 --lr 1e-3 --dtype "${DTYPE:-bfloat16}" --checkpoint-every 25
         --save-dtype int8)
@@ -85,8 +86,9 @@ if want dspark-5l-long && [ ! -f "$RUNS/dspark-5l-long/checkpoint/config.json" ]
     dspark train --out "$RUNS/dspark-5l-long" --steps "$LONG_STEPS" "${COMMON[@]}" \
       --kind dspark --head vanilla-markov --rank 128 --num-layers 5
   else
+    # --seed 1: other batches and anchors than dspark-5l's first 3000 steps (the seed fixes them)
     dspark train --out "$RUNS/dspark-5l-long" --steps $((LONG_STEPS - STEPS)) "${COMMON[@]}" \
-      --init-from "$RUNS/dspark-5l/checkpoint"
+      --init-from "$RUNS/dspark-5l/checkpoint" --seed 1
   fi
 fi
 
