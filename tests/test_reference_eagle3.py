@@ -28,7 +28,9 @@ from dspark.training.forward import Batch, eagle3_forward
 from dspark.types import SamplingParams
 
 LOGIT_ATOL = 1e-5
-HIDDEN_RTOL, HIDDEN_ATOL = 1e-6, 2e-5  # Eagle3 hidden states reach ±175
+# Eagle3 hidden states reach ±175 (an fp32 ulp there is 1.5e-5): 5e-5 is ~3 ulp of the largest value.
+# 2e-5 failed on a 2-core Xeon with AMX (oneDNN sums in another order there): 2.8e-5 off on a 0.32.
+HIDDEN_RTOL, HIDDEN_ATOL = 1e-6, 5e-5
 
 
 @pytest.fixture(scope="module")
