@@ -40,7 +40,7 @@ def neural_drafter_factory(kind: str):
                     f"checkpoint= fixes the drafter's configuration (its block size γ included); "
                     f"{', '.join(sorted(config))} cannot be set with it")
 
-            checkpoint = locate(checkpoint)  # a folder, or a shipped drafter's name ("dspark-5l")
+            checkpoint = locate(checkpoint)  # a folder, or a shipped drafter's name ("dspark-5l-long")
             drafter = from_pretrained(checkpoint, target)
             if drafter_kind(drafter.config.kind).family_name != drafter_kind(kind).family_name:
                 raise ValueError(f"{checkpoint} holds a {drafter.config.kind} drafter, not {kind}")
