@@ -349,9 +349,9 @@ def _markdown(r: dict) -> str:
     for x in sp["per_prompt"]:
         lines.append(f"| {x['domain']} | {x['tau']:.2f} | {x['mean_verified']:.2f} | {x['drafted_rounds']}/{x['rounds']} | "
                      f"{x['new_tokens']} | {x['ms_per_token_plain']:.1f} | {x['ms_per_token_dspark']:.1f} |")
-    lines += ["", f"The outputs agree with the plain {sp['dtype']} decode on "
+    lines += ["", f"The {sp['dtype']} outputs agree with the plain {sp.get('plain_dtype', sp['dtype'])} decode on "
               f"{100 * sp['prefix_agreement_with_plain']:.1f} % of the common prefix on average (outside fp32, "
-              "different verify shapes round differently; exact identity is checked in fp32 below).", "",
+              "different verify shapes and dtypes round differently; exact identity is checked in fp32 below).", "",
               "Greedy identity in fp32 (engine + drafter vs the target's own greedy decode), every draft verified "
               f"at full length: {r['identity_verified_drafts']} draft tokens verified, "
               f"{r['identity_accepted_drafts']} accepted.", "",
