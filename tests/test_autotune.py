@@ -163,6 +163,6 @@ def test_speculation_and_survival_are_checked():
     with pytest.raises(TypeError):
         autotune.Speculation((0.3,), 0.01)
     # rounds that verified a full block only: s_j = fraction with accepted >= j
-    assert autotune.survival_from_rounds([0, 2, 3, 1, 3], [3, 3, 3, 3, 2], 3) == (0.75, 0.5, 0.25)
+    assert autotune.full_block_survival([0, 2, 3, 1, 3], [3, 3, 3, 3, 2], 3) == (0.75, 0.5, 0.25)
     with pytest.raises(ValueError, match="no round verified a full block"):
-        autotune.survival_from_rounds([1], [2], 3)
+        autotune.full_block_survival([1], [2], 3)

@@ -39,7 +39,7 @@ from dspark.cost_models.accounting import best_fixed_length, check_survival
 from dspark.profiling import cpu_name, time_shapes
 
 __all__ = ["Machine", "DtypeChoice", "Speculation", "DTYPES", "measure_profile", "choose_dtype",
-           "profile_cost_model", "survival_from_rounds"]
+           "profile_cost_model", "full_block_survival"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # CPU flags that decide whether bf16 (and wide fp32) matmuls are native here.
@@ -182,8 +182,11 @@ class Speculation:
     overhead: Callable[[Any, Any], float] = attrs.field(validator=attrs.validators.is_callable())
 
 
-def survival_from_rounds(accepted: Sequence[int], proposed: Sequence[int], gamma: int) -> tuple[float, ...]:
-    """s_j = P(accepted ≥ j), j = 1..γ, over the rounds that verified a full block of γ drafts."""
+def full_block_survival(accepted: Sequence[int], proposed: Sequence[int], gamma: int) -> tuple[float, ...]:
+    """s_j = P(accepted ≥ j), j = 1..γ, over the rounds that verified a full block of γ drafts.
+
+    :func:`dspark.interop.survival_from_rounds` counts every round of a recorded eval; here a round
+    cut short (the last ones of an answer) is left out, as it could not accept past its proposal."""
     full = [a for a, p in zip(accepted, proposed) if p == gamma]
     if not full:
         raise ValueError(f"no round verified a full block of {gamma} drafts: the survival is unknown")

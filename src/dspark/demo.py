@@ -154,7 +154,7 @@ def _timed(fn):
 def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> tuple[list[dict], int, tuple]:
     """fp32 greedy identity with every draft verified at full length (``full`` scheduler) → (rows,
     γ, the acceptance survival s_j over those rounds: every position was verified)."""
-    from dspark.autotune import survival_from_rounds
+    from dspark.autotune import full_block_survival
 
     engine = _engine(model, tok, folder, calibrator, None, scheduler="full")
     rows, accepted, proposed = [], [], []
@@ -169,7 +169,7 @@ def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> t
                      "accepted_drafts": sum(m.accepted),
                      "rejected_drafts": sum(1 for v, a in zip(m.verified, m.accepted) if a < v), **c.metrics})
     gamma = engine.drafter.gamma
-    return rows, gamma, survival_from_rounds(accepted, proposed, gamma)
+    return rows, gamma, full_block_survival(accepted, proposed, gamma)
 
 
 def _speculation(folder, calibrator, survival, ids) -> Any:
@@ -233,8 +233,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     plain_engine = _engine(plain_model, tok, None, None, cost)
     # the gate starts from what the start-up measured (as dspark bench's --gate-prior): the identity
     # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
-    rated = choice.speculative.get(choice.dtype)
-    prior = GatePrior(survival, {1: rated["overhead_seconds"]}) if rated else None
+    prior = GatePrior(survival, {1: choice.speculative[choice.dtype]["overhead_seconds"]})
     spec_engine = _engine(model, tok, folder, calibrator, cost, gate=opts.gate, prior=prior)
     # HF generate in both dtypes when they differ (the start-up race is a few steps: noisy)
     hf_models = {"hf_generate": plain_model}
@@ -289,7 +288,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
                                   "skipped": gate.skipped_rounds if gate else 0,
                                   "hopeless": gate.hopeless_rounds if gate else 0},
                   "median_seconds": med, "baseline": baseline_name, "plain_dtype": choice.plain_dtype,
-                  "gate_prior": prior.to_dict() if prior is not None else None,
+                  "gate_prior": prior.to_dict(),
                   "speedup_vs_best_plain": speedup, "mean_tau": statistics.mean(taus),
                   "prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
         # ISA caps in the environment (they emulate an older CPU) are part of the command
