@@ -1,42 +1,57 @@
 """A/B of what a never-drafting gated engine costs: plain decoding vs sps-greedy with the draft gate
-and a prior under which it never drafts, same prompts, interleaved repeats, per-round ms.
+and a prior under which it never drafts, the same closed-loop workload as `dspark bench` (c users,
+`--requests` requests, joins as requests finish), interleaved repeats, per-round ms.
     python scripts/gate_overhead_ab.py PROFILE.json GATE_PRIOR.json CONCURRENCY [REPEATS]
-(PROFILE / GATE_PRIOR: a `dspark bench` run's profile.json and gate_prior.json)."""
+        [--dtype float32|bfloat16] [--requests N]
+(PROFILE / GATE_PRIOR: a `dspark bench` run's profile.json and gate_prior.json; --requests defaults
+to CONCURRENCY, all admitted at once)."""
+import argparse
 import json
-import sys
+import statistics
 import time
 
 import torch
 
 import dspark
+from dspark.bench.run import build_engine
+from dspark.bench.runner import parse_scheduler_spec, run_level
 from dspark.checkpoints import DEFAULT_DRAFTER
-from dspark.engine import Engine, encode_prompt
+from dspark.engine import encode_prompt
 from dspark.evaluation_runs import eval_prompts, load_drafter_spec
-from dspark.gating import DraftGate, GatePrior
+from dspark.gating import GatePrior
 from dspark.targets import load_target
 from dspark.types import SamplingParams
 
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("profile")
+ap.add_argument("gate_prior")
+ap.add_argument("concurrency", type=int)
+ap.add_argument("repeats", type=int, nargs="?", default=3)
+ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+ap.add_argument("--requests", type=int, default=None)
+args = ap.parse_args()
+
 torch.set_num_threads(2)
-target = load_target("smollm2-135m", torch.bfloat16)
+target = load_target("smollm2-135m", getattr(torch, args.dtype))
 label, drafter, cal = load_drafter_spec(DEFAULT_DRAFTER, target)
-prof = dspark.cost_models.SPSProfile.from_json(sys.argv[1])
-cost = dspark.get_cost_model("sps-table", profile=prof)
-prior = GatePrior.from_dict(json.load(open(sys.argv[2])))
-prompts = eval_prompts(None, 4)
-ids = [encode_prompt(target.tokenizer, p.text) for p in prompts]
-C = int(sys.argv[3])
-ids = (ids * 6)[:C]
-def run(kind):
-    if kind == "plain":
-        target.set_capture_layers(())
-        e = Engine(target, None, cost_model=cost)
-    else:
-        e = Engine(target, drafter, scheduler=dspark.get_scheduler("sps-greedy"), cost_model=cost, calibrator=cal, draft_gate=DraftGate(prior=prior))
-    t = time.perf_counter()
-    e.generate(ids, SamplingParams.greedy(), max_new_tokens=64, progress=False)
-    return time.perf_counter() - t, e
-for rep in range(int(sys.argv[4]) if len(sys.argv) > 4 else 3):
-    for k in ("plain", "gated"):
-        s, e = run(k)
-        print(rep, k, f"{s:.2f} s", e.rounds, "rounds,", f"{1e3 * e.timings['round'] / e.rounds:.2f} ms/round,",
-              f"{1e3 * e.timings['target'] / e.rounds:.2f} ms target")
+cost = dspark.get_cost_model("sps-table", profile=dspark.cost_models.SPSProfile.from_json(args.profile))
+prior = GatePrior.from_dict(json.load(open(args.gate_prior)))
+ids = [encode_prompt(target.tokenizer, p.text) for p in eval_prompts(None, 4)]
+n = args.requests or args.concurrency
+specs = {"plain": parse_scheduler_spec("plain"), "gated": parse_scheduler_spec("sps-greedy")}
+per_round = {k: [] for k in specs}
+for rep in range(args.repeats):
+    for kind in (("plain", "gated") if rep % 2 == 0 else ("gated", "plain")):
+        engine = build_engine(target, drafter, specs[kind], cost, cal, gate=kind == "gated", prior=prior)
+        t = time.perf_counter()
+        run = run_level(engine, ids, label=kind, concurrency=args.concurrency, num_requests=n,
+                        sampling=SamplingParams.greedy(), max_new_tokens=64)
+        wall = time.perf_counter() - t
+        rounds = run.rounds
+        ms = 1e3 * sum(r.seconds for r in rounds) / len(rounds)
+        tgt = 1e3 * statistics.median(r.target_seconds for r in rounds)
+        per_round[kind].append(ms)
+        print(rep, kind, f"{wall:.2f} s, {len(rounds)} rounds, {sum(r.drafted for r in rounds)} drafted, "
+              f"{ms:.2f} ms/round, target median {tgt:.2f} ms, prefill "
+              f"{sum(q.prefill_seconds for q in run.requests):.2f} s", flush=True)
+print("median ms/round:", {k: round(statistics.median(v), 2) for k, v in per_round.items()})

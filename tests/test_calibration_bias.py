@@ -104,3 +104,17 @@ def test_ece_noise_floor_matches_the_binomial_expectation():
     big = ece_noise_floor(torch.full((16 * n,), 0.5), n_bins=20, draws=400)
     assert big == pytest.approx(exact / 4, rel=0.1)
     assert math.isnan(ece_noise_floor(torch.empty(0)))
+
+
+@pytest.mark.parametrize(("ece", "shipped"), [
+    ({"identity": 0.0123, "sts": 0.0134, "sts-bias": 0.0140}, "identity"),  # raw best (dspark-2l's case)
+    ({"identity": 0.0281, "sts": 0.0275, "sts-bias": 0.0224}, "sts-bias"),  # dspark-5l-long's case
+    ({"identity": 0.0300, "sts": 0.0200, "sts-bias": 0.0195}, "sts"),  # the bias gains < 0.1 points
+    ({"identity": 0.0205, "sts": 0.0200, "sts-bias": 0.0196}, "identity"),  # within 0.1 points of the lowest
+])
+def test_dspark_calibrate_ships_the_simplest_calibrator_within_a_tenth_of_a_point(ece, shipped):
+    from dspark.evaluation_runs import CALIBRATORS, simplest_within_margin
+
+    assert CALIBRATORS == ("identity", "sts", "sts-bias")
+    assert simplest_within_margin(ece, CALIBRATORS) == shipped
+    assert simplest_within_margin(ece, ("sts",)) == "sts"  # one asked for: that one

@@ -355,16 +355,18 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Run a drafter against the target on held-out prompts (every position verified), fit STS and "
         "STS + per-position bias on half of them and report ECE (20 bins) / AUROC / Brier / cumprod "
-        "bias per position before and after on the other half. Writes the better calibrator (lower "
-        "mean held-out ECE) as calibration.json next to the checkpoint (or to --out)."
+        "bias per position, raw and calibrated, on the other half. Writes the simplest of raw, STS and "
+        "STS + bias whose mean held-out ECE is within 0.1 points of the lowest as calibration.json next "
+        "to the checkpoint (or to --out)."
     )
     p.add_argument("checkpoint", help="checkpoint folder or shipped drafter name")
     p.add_argument("--out", help="folder for calibration.json and the report (default: the checkpoint)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--objective", default="ece", choices=["ece", "brier"],
                    help="STS fit: per-position survival ECE (paper) or Brier score")
-    p.add_argument("--calibrator", default="best", choices=["best", "sts", "sts-bias"],
-                   help="fit both and ship the lower mean held-out ECE (best), or fit only the one named")
+    p.add_argument("--calibrator", default="best", choices=["best", "identity", "sts", "sts-bias"],
+                   help="compare raw (identity), STS and STS + bias on the held-out half and ship the "
+                        "simplest within 0.1 points of the lowest mean ECE (best), or fit only the one named")
     p.add_argument("--bins", type=int, default=20, help="equal-width bins of the ECE (the paper's 20)")
     p.add_argument("--reuse-rounds", action="store_true",
                    help="refit on OUT/calibration_rounds.json from an earlier run instead of decoding again")
