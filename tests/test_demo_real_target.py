@@ -123,8 +123,9 @@ def test_calibrate_and_eval_clis_on_the_shipped_drafter(tmp_path):
     assert main(["calibrate", "eagle3", "--out", str(out), "--per-domain", "2", "--max-new-tokens", "12",
                  "--quiet"]) == 0
     cal = json.loads((out / "calibration.json").read_text())
-    assert len(cal["temperatures"]) == 7
     rep = json.loads((out / "calibration_report.json").read_text())
+    assert set(rep["candidates"]) == {"identity", "sts", "sts-bias"} and cal["name"] == rep["calibrator"]
+    assert len(cal["temperatures"]) == (0 if cal["name"] == "identity" else 7)  # raw, or one T per position
     assert set(rep["overall"]) >= {"raw", "calibrated", "tau"} and (out / "reliability.png").is_file()
     ev = tmp_path / "eval"
     assert main(["eval", "--drafter", "dflash", "--drafter", "ngram", "--per-domain", "1", "--max-new-tokens", "12",
