@@ -279,7 +279,7 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
           f"rounds{test_note}. ECE: survival ECE with {opts.bins} equal-width bins.", "",
           _report_table(ov["raw"], "before (raw)")]
     for n, c in fitted.items():
-        params = "T = " + ", ".join(f"{t:.3f}" for t in getattr(c, "temperatures", ())) if n != "identity" else "σ(z_j)"
+        params = "σ(z_j)" if n == "identity" else "T = " + ", ".join(f"{t:.3f}" for t in c.temperatures)
         if n == "sts-bias":
             params += "; b = " + ", ".join(f"{b:+.3f}" for b in c.biases)
         md += [_report_table(reports[n]["overall"]["calibrated"],
