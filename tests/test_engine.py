@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import dspark
+from dspark.drafters.prune import prune_draft_vocab
 from dspark.engine import Engine
 from dspark.gating import DraftGate
 from dspark.targets import HFTarget
@@ -41,6 +42,8 @@ def drafter_for(target, name):
     if name == "ngram":
         return dspark.get_drafter("ngram", vocab_size=V, gamma=4)
     kind, _, head = name.partition(":")
+    cut = kind.endswith("-cut")  # a full-vocabulary drafter cut to target ids 0..9 (prune_draft_vocab)
+    kind = kind.removesuffix("-cut")
     cfg = {"gamma": 4}
     if kind.endswith("-dv"):  # reduced draft vocabulary: target ids 0..9 only (10..15 never drafted)
         kind = kind.removesuffix("-dv")
@@ -53,11 +56,11 @@ def drafter_for(target, name):
     for p in d.parameters():
         if p.ndim > 1:
             torch.nn.init.normal_(p, std=0.2)
-    return d
+    return prune_draft_vocab(d, torch.arange(10)) if cut else d
 
 
 DRAFTERS = ["ngram", "dspark:vanilla-markov", "dspark:gated-markov", "dspark:rnn", "dflash", "eagle3",
-            "dspark-dv:gated-markov", "eagle3-dv"]
+            "dspark-dv:gated-markov", "eagle3-dv", "dspark-cut:vanilla-markov"]
 SCHEDULERS = {
     "full": ("full", {}),
     "fixed-1": ("fixed", {"k": 1}),

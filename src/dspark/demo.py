@@ -130,17 +130,24 @@ def _sampling_check(model, prompt_ids: torch.Tensor, n: int, seed: int) -> dict:
     }
 
 
-def _engine(model, tok, drafter_dir, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None):
-    """An engine on a fresh HFTarget around ``model`` (plain decoding when ``drafter_dir`` is None;
+def _load_drafter(ref, target) -> Any:
+    """``ref``: (checkpoint folder, K of a ``:vocab=K`` variant or None)."""
+    from dspark.drafters.checkpoint import from_pretrained
+
+    return from_pretrained(ref[0], target, draft_vocab=ref[1])
+
+
+def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None):
+    """An engine on a fresh HFTarget around ``model`` (plain decoding when ``ref`` is None, else
+    the drafter (folder, draft vocabulary) ``ref``;
     the engines must not share a target: each keeps its own per-request caches); ``prior``: the
     draft gate's :class:`~dspark.gating.GatePrior`."""
-    from dspark.drafters.checkpoint import from_pretrained
     from dspark.engine import Engine
     from dspark.gating import DraftGate
     from dspark.targets import HFTarget
 
     target = HFTarget(model, tok)
-    drafter = from_pretrained(drafter_dir, target) if drafter_dir is not None else None
+    drafter = _load_drafter(ref, target) if ref is not None else None
     return Engine(target, drafter, scheduler=scheduler, cost_model=cost, calibrator=calibrator or "identity",
                   draft_gate=DraftGate(prior=prior) if gate and drafter is not None else None)
 
@@ -151,12 +158,12 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
-def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> tuple[list[dict], int, tuple]:
+def _identity(model, tok, ref, calibrator, encoded, max_new_tokens, eos) -> tuple[list[dict], int, tuple]:
     """fp32 greedy identity with every draft verified at full length (``full`` scheduler) → (rows,
     γ, the acceptance survival s_j over those rounds: every position was verified)."""
     from dspark.autotune import full_block_survival
 
-    engine = _engine(model, tok, folder, calibrator, None, scheduler="full")
+    engine = _engine(model, tok, ref, calibrator, None, scheduler="full")
     rows, accepted, proposed = [], [], []
     for domain, ids in tqdm(encoded.items(), desc="greedy identity (fp32, full drafts)", leave=False):
         reference = plain_generate(model, ids, max_new_tokens, eos)
@@ -172,16 +179,15 @@ def _identity(model, tok, folder, calibrator, encoded, max_new_tokens, eos) -> t
     return rows, gamma, full_block_survival(accepted, proposed, gamma)
 
 
-def _speculation(folder, calibrator, survival, ids) -> Any:
+def _speculation(ref, calibrator, survival, ids) -> Any:
     """The dtype race's :class:`~dspark.autotune.Speculation`: the identity rounds' survival and
     the drafter's round overhead timed on each candidate target (8 rounds drafting γ against 8
     plain ones, one request)."""
     from dspark.autotune import Speculation
     from dspark.bench.prior import measure_draft_overhead
-    from dspark.drafters.checkpoint import from_pretrained
 
     def overhead(target, cost) -> float:
-        drafter = from_pretrained(folder, target)
+        drafter = _load_drafter(ref, target)
         return measure_draft_overhead(target, drafter, ids, [1], cost, calibrator, rounds=8).get(1, 0.0)
 
     return Speculation(survival, overhead)
@@ -195,6 +201,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     from dspark.checkpoints import resolve_checkpoint
     from dspark.data.natural.common import SHIPPED_EVAL
     from dspark.data.prompts import prompt_request
+    from dspark.drafters.prune import parse_drafter_ref
     from dspark.engine import encode_prompt
     from dspark.evaluation_runs import eval_prompts
 
@@ -202,17 +209,20 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     prompt_file = opts.prompts or str(SHIPPED_EVAL)
     prompts = eval_prompts(prompt_file, opts.per_domain)  # a bad file fails here, before any model loads
     torch.manual_seed(0)
-    folder = resolve_checkpoint(opts.drafter)
+    name, draft_vocab = parse_drafter_ref(opts.drafter)
+    folder = resolve_checkpoint(name)
+    ref = (folder, draft_vocab)
+    label = folder.name + (f"-vocab{draft_vocab}" if draft_vocab else "")
     cal_path = folder / "calibration.json"
     calibrator = load_calibrator(cal_path) if cal_path.is_file() else None
     greedy = SamplingParams.greedy()
 
     # 1–2. correctness, fp32 ------------------------------------------------------------------
-    print(f"loading target {opts.model} (fp32) and drafter {folder.name} ...", flush=True)
+    print(f"loading target {opts.model} (fp32) and drafter {label} ...", flush=True)
     model, tok = load_causal_lm(opts.model, torch.float32)
     eos = tok.eos_token_id
     encoded = {name: encode_prompt(tok, text) for name, text in PROMPTS.items()}
-    identity, gamma, survival = _identity(model, tok, folder, calibrator, encoded, opts.max_new_tokens, eos)
+    identity, gamma, survival = _identity(model, tok, ref, calibrator, encoded, opts.max_new_tokens, eos)
     all_identical = all(r["identical_to_target_greedy"] for r in identity)
     check = _sampling_check(model, encoded["chat"], opts.samples, seed=0)
 
@@ -220,7 +230,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     ids = [encode_prompt(tok, prompt_request(p)) for p in prompts]
     context = round(statistics.mean(x.numel() for x in ids)) + opts.max_new_tokens // 2
     choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=opts.dtype,
-                                  speculation=_speculation(folder, calibrator, survival, ids[:2]))
+                                  speculation=_speculation(ref, calibrator, survival, ids[:2]))
     # plain decoding in its own faster dtype: the baseline is the best plain decode on this machine
     plain_model = (target.model if choice.plain_dtype == choice.dtype
                    else copy.deepcopy(model).to(DTYPES[choice.plain_dtype]))
@@ -234,7 +244,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     # the gate starts from what the start-up measured (as dspark bench's --gate-prior): the identity
     # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
     prior = GatePrior(survival, {1: choice.speculative[choice.dtype]["overhead_seconds"]})
-    spec_engine = _engine(model, tok, folder, calibrator, cost, gate=opts.gate, prior=prior)
+    spec_engine = _engine(model, tok, ref, calibrator, cost, gate=opts.gate, prior=prior)
     # HF generate in both dtypes when they differ (the start-up race is a few steps: noisy)
     hf_models = {"hf_generate": plain_model}
     if plain_model is not model:
@@ -275,7 +285,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "model": opts.model, "drafter": folder.name, "calibrated": calibrator is not None, "gamma": gamma,
+        "model": opts.model, "drafter": label, "calibrated": calibrator is not None, "gamma": gamma,
         "max_new_tokens": opts.max_new_tokens, "machine": choice.machine.to_dict(),
         "greedy_identity_fp32": identity, "all_identical": all_identical,
         "identity_verified_drafts": sum(r["verified_drafts"] for r in identity),

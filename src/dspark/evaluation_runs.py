@@ -55,14 +55,19 @@ def eval_prompts(path: str | None, per_domain: int, skip: int = 0) -> list[Any]:
 
 def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
     """``LABEL=CHECKPOINT``, a checkpoint folder, a shipped drafter name, or ``ngram`` →
-    (label, drafter, calibrator or None). A ``calibration.json`` next to the weights is loaded."""
+    (label, drafter, calibrator or None). A ``calibration.json`` next to the weights is loaded.
+    ``CHECKPOINT:vocab=K`` is the variant cut to the K most frequent tokens (:mod:`dspark.drafters.prune`;
+    default label ``NAME-vocabK``)."""
     import dspark
     from dspark.calibration import load_calibrator
+    from dspark.drafters.prune import parse_drafter_ref
 
-    label, _, path = spec.partition("=")
-    if not path:
-        p = Path(spec)
-        label, path = (p.parent.name if p.name == "checkpoint" else p.name) or spec, spec
+    label, path = _split_label(spec)
+    path, draft_vocab = parse_drafter_ref(path)
+    if not label:
+        p = Path(path)
+        label = (p.parent.name if p.name == "checkpoint" else p.name) or path
+        label += f"-vocab{draft_vocab}" if draft_vocab else ""
     if path == "ngram":
         return label, dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=7), None
     from dspark.checkpoints import resolve_checkpoint
@@ -70,14 +75,23 @@ def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
     folder = resolve_checkpoint(path)
     from dspark.drafters.checkpoint import from_pretrained
 
-    drafter = from_pretrained(folder, target)
+    drafter = from_pretrained(folder, target, draft_vocab=draft_vocab)
     cal = folder / "calibration.json"
     return label, drafter, load_calibrator(cal) if cal.is_file() else None
 
 
+def _split_label(spec: str) -> tuple[str, str]:
+    """``LABEL=REF`` → (LABEL, REF); a spec without a label → ("", spec). The '=' of a bare
+    ``NAME:vocab=K`` is not a label's."""
+    label, sep, ref = spec.partition("=")
+    return (label, ref) if sep and not label.endswith(":vocab") else ("", spec)
+
+
 def _spec_path(spec: str) -> str:
-    """The checkpoint of a ``LABEL=CHECKPOINT`` spec (or the spec itself)."""
-    return spec.partition("=")[2] or spec
+    """The checkpoint of a ``LABEL=CHECKPOINT[:vocab=K]`` spec (or the spec itself)."""
+    from dspark.drafters.prune import parse_drafter_ref
+
+    return parse_drafter_ref(_split_label(spec)[1])[0]
 
 
 def _check_drafter_spec(spec: str) -> None:
@@ -222,6 +236,9 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
 
     opts = resolve_options(CalibrateOptions, options, overrides)
     _check_drafter_spec(opts.checkpoint)  # a missing checkpoint or prompt file fails before the model loads
+    if not opts.out and _spec_path(opts.checkpoint) != _split_label(opts.checkpoint)[1]:
+        raise ValueError(f"{opts.checkpoint}: a ':vocab=K' variant shares its folder with the full drafter; "
+                         "give --out so its calibration does not replace the folder's calibration.json")
     out = Path(opts.out) if opts.out else resolve_checkpoint(_spec_path(opts.checkpoint))
     rounds_path = out / "calibration_rounds.json"
     if opts.reuse_rounds and not rounds_path.is_file():

@@ -63,8 +63,20 @@ def read_config(path: str | Path) -> DrafterConfig:
     return _dspark_config(meta, root / CONFIG_NAME)
 
 
-def from_pretrained(path: str | Path, target: Any = None) -> Any:
+def from_pretrained(path: str | Path, target: Any = None, draft_vocab: int | None = None) -> Any:
     """Load a drafter checkpoint folder — dspark's own (:func:`save_pretrained`), DeepSpec,
     speculators or z-lab DFlash, detected from its ``config.json``; with ``target``, check the
-    checkpoint was made for it and bind it."""
-    return formats.build(formats.read(path), target)
+    checkpoint was made for it and bind it. ``draft_vocab`` K (needs ``target``): the named variant
+    that drafts only the K most frequent tokens of the folder's ``token_ranking.json``
+    (:mod:`dspark.drafters.prune`)."""
+    drafter = formats.build(formats.read(path), target)
+    if draft_vocab is None:
+        return drafter
+    from dspark.drafters.prune import prune_draft_vocab, read_token_ranking
+
+    if target is None:
+        raise ValueError("draft_vocab needs the target (the drafter is cut after binding to it)")
+    ranking = read_token_ranking(path, drafter.config.vocab_size)
+    if draft_vocab > len(ranking):
+        raise ValueError(f"{Path(path) / 'token_ranking.json'} ranks {len(ranking)} tokens; cannot keep {draft_vocab}")
+    return prune_draft_vocab(drafter, ranking[:draft_vocab])
