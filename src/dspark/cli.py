@@ -78,7 +78,8 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
         "best plain decode at concurrency 1, measured side by side in the dtype that is faster on this "
         "machine (measured at start-up)."
     )
-    p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="shipped drafter name or checkpoint folder")
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="shipped drafter name or checkpoint folder"
+                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--per-domain", type=int, default=2, help="held-out prompts per domain for the speed run")
     p.add_argument("--prompts", help="prompts JSONL for the speed run (default: the shipped natural-prompt eval "
@@ -359,7 +360,8 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
         "STS + bias whose mean held-out ECE is within 0.1 points of the lowest as calibration.json next "
         "to the checkpoint (or to --out)."
     )
-    p.add_argument("checkpoint", help="checkpoint folder or shipped drafter name")
+    p.add_argument("checkpoint", help="checkpoint folder or shipped drafter name"
+                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")
     p.add_argument("--out", help="folder for calibration.json and the report (default: the checkpoint)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--objective", default="ece", choices=["ece", "brier"],
@@ -392,7 +394,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
         "prefix survival per position, threshold sweep, confidence metrics (JSON, Markdown, PNG)."
     )
     p.add_argument("--drafter", action="append", required=True,
-                   help="LABEL=CHECKPOINT, a checkpoint folder, a shipped drafter name, or ngram (repeatable)")
+                   help="LABEL=CHECKPOINT, a checkpoint folder, a shipped drafter name, or ngram (repeatable)"
+                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")
     p.add_argument("--temperature", type=float, nargs="+", default=[0.0])
     p.add_argument("--out", default="out/eval")
     p.add_argument("--fresh", action="store_true", help="recompute runs already recorded under OUT/rounds")
@@ -479,7 +482,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--drafter", default=DEFAULT_DRAFTER,
-                   help="shipped drafter name, checkpoint folder or LABEL=CHECKPOINT (its calibration.json is used)")
+                   help="shipped drafter name, checkpoint folder or LABEL=CHECKPOINT (its calibration.json is used)"
+                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")
     p.add_argument("--calibration", help="calibrator JSON overriding the drafter's calibration.json")
     p.add_argument("--prompts", help="prompts JSONL {prompt, domain?} (default: the shipped held-out prompts)")
     p.add_argument("--per-domain", type=int, default=8, help="prompts per domain (cycled over the requests)")
