@@ -2,12 +2,14 @@
 the embedded SmolLM2 target: which N keeps a parallel drafter's round no dearer than Eagle3's.
 
     python scripts/draft_time_by_layers.py [--dtype bfloat16] [--layers 1 2 3 4 5] [--rounds 40]
-                                            [--out docs/figures/draft_time_by_layers.json]
+                                            [--vocab 8192 ...] [--out docs/figures/draft_time_by_layers.json]
 
 Weights are random (time does not depend on them); the features are the target's own, captured on
 a natural prompt. Each round ingests 2 new context positions (a typical τ) and drafts γ = 7 tokens
 for one request (R = 1); the first round (the prompt's ingestion) is not timed. Median of
 ``--rounds`` rounds, runs interleaved over the configurations, repeated ``--repeats`` times.
+``--vocab K``: also the 5-layer DSpark and Eagle3 cut to K tokens (:mod:`dspark.drafters.prune`;
+the K kept tokens are random: the time does not depend on which).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gamma", type=int, default=7)
+    ap.add_argument("--vocab", type=int, nargs="*", default=[])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -69,6 +72,13 @@ def main() -> None:
     for label, (kind, cfg) in configs.items():
         torch.manual_seed(0)
         drafters[label] = dspark.get_drafter(kind, target=target, gamma=args.gamma, **cfg).eval()
+    from dspark.drafters.prune import prune_draft_vocab
+
+    for k in args.vocab:
+        keep = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(k))[:k]
+        for label in (f"dspark-{max(args.layers)}L", "eagle3-1L"):
+            drafters[f"{label}-vocab{k}"] = prune_draft_vocab(drafters[label], keep)
+    configs = {k: None for k in drafters}
     ids = target.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)["input_ids"][0]
     # the target's features of prompt + a greedy continuation (positions for every round)

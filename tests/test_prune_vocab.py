@@ -39,7 +39,10 @@ def target():
 
 def _drafter(target, head="vanilla-markov"):
     torch.manual_seed(3)
-    d = dspark.get_drafter("dspark", target=target, gamma=4, head=head, rank=8, num_layers=2)
+    if head == "eagle3":
+        d = dspark.get_drafter("eagle3", target=target, gamma=4)
+    else:
+        d = dspark.get_drafter("dspark", target=target, gamma=4, head=head, rank=8, num_layers=2)
     for p in d.parameters():
         if p.ndim > 1:
             torch.nn.init.normal_(p, std=0.3)
@@ -61,14 +64,14 @@ def _draft(target, drafter, seq, rid="r", sampling=None):
 SEQS = [torch.tensor([3, 5, 7, 3, 5, 7, 3, 5]), torch.tensor([2, 9, 4, 4, 11, 2, 9, 13, 6, 1])]
 
 
-@pytest.mark.parametrize("head", ["vanilla-markov", "gated-markov"])
+@pytest.mark.parametrize("head", ["vanilla-markov", "gated-markov", "eagle3"])
 @pytest.mark.parametrize("seq", range(len(SEQS)))
 def test_cut_drafter_drafts_what_the_full_one_drafts_on_the_kept_tokens(target, head, seq):
     full = _drafter(target, head)
     ref = _draft(target, full, SEQS[seq])
     drafted = ref.tokens[0].tolist()
-    kept = sorted({*drafted, int(SEQS[seq][-1]), 0, 15} - {8})  # ⊇ the drafts and the anchor, K < V
-    assert 8 not in drafted  # (else the seed changed: the set must leave some token out)
+    left_out = [t for t in range(V) if t not in drafted and t != int(SEQS[seq][-1])][::2]  # γ + 1 < V
+    kept = [t for t in range(V) if t not in left_out]  # ⊇ the drafts and the anchor, K < V
     cut = prune_draft_vocab(full, torch.tensor(kept))
     assert cut.config.draft_vocab_size == len(kept) + 1 and cut.draft_size == len(kept) + 1
     got = _draft(target, cut, SEQS[seq])
@@ -157,6 +160,8 @@ def test_drafter_specs_with_a_vocabulary_cut(target, tmp_path):
     assert label == "small" and cut.draft_size == 4
     label, whole, _ = load_drafter_spec(f"small={folder}", target)
     assert label == "small" and whole.config.draft_vocab_size is None
+    # the plugin factory (dspark generate --checkpoint) takes the same form
+    assert dspark.get_drafter("dspark", target=target, checkpoint=f"{folder}:vocab=4").draft_size == 5
 
 
 def test_calibrating_a_cut_variant_needs_its_own_out_folder(tmp_path):

@@ -126,7 +126,8 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="target dtype ('auto': the faster plain step, measured at start-up)")
     p.add_argument("--drafter", default="ngram", help="drafter name (ngram, dspark, dflash, eagle3, plugins) or 'none'")
-    p.add_argument("--checkpoint", help="drafter checkpoint folder (neural drafters)")
+    p.add_argument("--checkpoint", help="drafter checkpoint folder (neural drafters; FOLDER:vocab=K cuts it to "
+                   "its K most frequent tokens)")
     p.add_argument("--gamma", type=int, help="draft block size γ (default 7; a --checkpoint fixes its own)")
     p.add_argument("--scheduler", default="sps-greedy")
     p.add_argument("--cost-model", default="sps-table")
