@@ -3,10 +3,13 @@ before any gated round ran (:class:`dspark.gating.GatePrior`).
 
 * survival s_j = P(accepted ≥ j): from rounds recorded with every position verified (the same
   traces the simulator replays and ``dspark interop`` turns into vLLM / TensorRT-LLM tables);
-* draft overhead at each concurrency R: a few rounds drafting γ and a few plain ones on R real
-  requests, each round's seconds less the cost model's step time t(B) + α(R) at its context; the
-  overhead is the drafted rounds' median less the plain rounds' (the first round of each, which
-  ingests the prompts, is left out).
+* draft overhead at each concurrency R: rounds drafting γ and plain ones on R real requests, each
+  round's seconds less the cost model's step time t(B) + α(R) at its context; the overhead is the
+  drafted rounds' median less the plain rounds' (the first round of each pass, which ingests the
+  prompts, is left out). The passes alternate (plain, drafted, plain, drafted, …) so that a shared
+  machine's drift reaches both sides: with one short pass each, a 2-core VM whose speed wanders
+  by ±20 % measured 2.6 ms at R = 1 for a drafter whose rounds cost 34 ms more than plain ones
+  (bench28, docs/serving.md).
 
 A serving engine's operator would time these once per deployment, as for the TensorRT-LLM table.
 """
@@ -43,25 +46,30 @@ def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: in
 
 def measure_draft_overhead(target: Any, drafter: Any, ids: Sequence[Any], num_requests: Sequence[int],
                            cost_model: Any, calibrator: Any = None, rounds: int = 4,
-                           progress: bool = False) -> dict[int, float]:
+                           progress: bool = False, passes: int = 3) -> dict[int, float]:
     """{R: seconds} a round drafting γ for R requests spends beyond a plain round, besides the
-    verification of its drafts (module docstring)."""
+    verification of its drafts (module docstring): ``passes`` alternating pairs of a plain and a
+    drafted pass of ``rounds`` rounds each."""
     import dspark
     from dspark.cost_models.context import ContextBinding
     from dspark.engine import Engine
 
     if rounds < 2:
         raise ValueError(f"rounds must be >= 2 (the first one ingests the prompts), got {rounds}")
+    if passes < 1:
+        raise ValueError(f"passes must be >= 1, got {passes}")
     at = ContextBinding(cost_model)
     out = {}
     for R in sorted(set(num_requests)):
         if progress:
             print(f"gate prior: timing R = {R}", flush=True)
-        target.set_capture_layers(())
-        plain = _round_excess(Engine(target, None, cost_model=cost_model), ids, R, rounds, at)
         fixed = dspark.get_scheduler("fixed", k=drafter.gamma)
-        drafted = _round_excess(Engine(target, drafter, scheduler=fixed, cost_model=cost_model,
-                                       calibrator=calibrator or "identity"), ids, R, rounds, at)
+        plain, drafted = [], []
+        for _ in range(passes):
+            target.set_capture_layers(())
+            plain += _round_excess(Engine(target, None, cost_model=cost_model), ids, R, rounds, at)
+            drafted += _round_excess(Engine(target, drafter, scheduler=fixed, cost_model=cost_model,
+                                            calibrator=calibrator or "identity"), ids, R, rounds, at)
         if plain and drafted:
             out[R] = max(statistics.median(drafted) - statistics.median(plain), 0.0)
     return out
