@@ -1,5 +1,5 @@
 """Greedy identity on the real SmolLM2-135M target (fp32): every trained drafter (the shipped
-dspark-5l-long, DFlash and Eagle3; DSpark's other heads and the reduced draft vocabulary from the retired
+dspark-5l-long, also cut to 8,192 tokens, DFlash and Eagle3; DSpark's other heads and the reduced draft vocabulary from the retired
 checkpoints in data/smollm2-135m/retired/) and the n-gram drafter × every scheduler, with their STS
 calibration; three chat prompts of different lengths batched together, one joining mid-stream."""
 
@@ -57,17 +57,19 @@ def _drafter(target, name):
         return dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=4), "identity"
     from dspark.calibration import load_calibrator
     from dspark.checkpoints import resolve_checkpoint
+    from dspark.drafters.prune import parse_drafter_ref
 
-    folder = resolve_checkpoint(RETIRED / name if name in RETIRED_NAMES else name)
+    base, vocab = parse_drafter_ref(name)  # "NAME:vocab=K": the cut variant, calibration of NAME
+    folder = resolve_checkpoint(RETIRED / base if base in RETIRED_NAMES else base)
     kind = "dspark" if name.startswith("dspark") else name
     cal = folder / "calibration.json"
-    return (dspark.get_drafter(kind, target=target, checkpoint=folder),
-            load_calibrator(cal) if cal.is_file() else "identity")
+    drafter = dspark.get_drafter(kind, target=target, checkpoint=f"{folder}:vocab={vocab}" if vocab else folder)
+    return drafter, load_calibrator(cal) if cal.is_file() else "identity"
 
 
 RETIRED = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "retired"
 RETIRED_NAMES = ("dspark-vanilla", "dspark-gated", "dspark-rnn")  # 4,096-token draft vocabulary; gated / RNN heads
-DRAFTERS = ["ngram", "dspark-5l-long", *RETIRED_NAMES, "dflash", "eagle3"]
+DRAFTERS = ["ngram", "dspark-5l-long", "dspark-5l-long:vocab=8192", *RETIRED_NAMES, "dflash", "eagle3"]
 SCHEDULERS = {"full": {}, "fixed": {"k": 1}, "threshold": {"threshold": 0.3}, "sps-greedy": {}}
 
 
