@@ -130,4 +130,29 @@ def test_one_slow_round_does_not_replace_the_prior_overhead():
     assert g.draft_overhead(1, cm, 2) == pytest.approx(0.002) and not g.predicts_loss(1, cm)
     for _ in range(7):
         g.observe(1, True, 2, 0.01 + 0.030, cm, lengths=torch.tensor([2]), accepted=torch.tensor([1]), survival=surv)
-    assert g.draft_overhead(1, cm, 2) == pytest.approx(0.030) and g.predicts_loss(1, cm)
+    # 8 request-rounds, but no plain round yet: their excess may be the engine's own per-round work,
+    # which a plain round pays too, so the prior still holds
+    assert g.draft_overhead(1, cm, 2) == pytest.approx(0.002) and not g.predicts_loss(1, cm)
+    g.observe(1, False, 1, 0.01 + 0.004, cm)  # a plain round: 4 ms beyond t(1)
+    assert g.draft_overhead(1, cm, 2) == pytest.approx(0.026) and g.predicts_loss(1, cm)
+
+
+def test_the_engines_per_round_work_is_not_charged_to_drafting():
+    """bench29, c = 2: before any plain round the measured drafted excess over t(B) + α(R) holds
+    the engine's per-round work (sampling, bookkeeping) that plain rounds pay too. With it charged
+    to drafting the forecast said "loss" after 5 drafted rounds and the gate skipped the rest of
+    the run, where fixed k = 7 was 1.17× plain. Measured plain rounds with the same excess cancel it."""
+    cm = _cost({b: 0.020 + 0.0005 * b for b in range(1, 33)})
+    prior = GatePrior([0.5, 0.25, 0.12], {2: 0.004})
+    g = DraftGate(prior=prior)
+    surv = torch.tensor([[0.5, 0.25, 0.12]] * 2)
+    work = 0.008  # the engine's own per-round seconds, drafted or not
+    for _ in range(5):
+        assert g.should_draft(["a", "b"], cm)
+        g.observe(2, True, 4, 0.024 + 0.004 + work, cm,  # t(B = 8) + overhead + work lengths=torch.tensor([3, 3]),
+                  accepted=torch.tensor([1, 1]), survival=surv)
+    assert g.draft_overhead(2, cm, 3) == pytest.approx(0.004) and not g.predicts_loss(2, cm)
+    for _ in range(3):
+        g.observe(2, False, 2, 0.021 + work, cm)
+    assert g.draft_overhead(2, cm, 3) == pytest.approx(0.004, abs=1e-9)
+    assert not g.predicts_loss(2, cm) and g.forecast(2, cm) > 1.0

@@ -287,7 +287,10 @@ class DraftGate:
     def draft_overhead(self, num_requests: int, cost_model: CostModel, gamma: int) -> float | None:
         """Seconds a drafted round spends beyond a plain one at R, besides verifying its drafts:
         measured in this bucket (once ``min_evidence`` request-rounds were: a request's first
-        drafted round also ingests its whole prompt, so one round overstates it), else the prior's,
+        drafted round also ingests its whole prompt, so one round overstates it; and, where a prior
+        exists, once plain rounds were measured here too: a drafted round's excess over t(B) + α(R)
+        holds the engine's per-round work that a plain round pays as well — 7 ms of a 31 ms plain
+        round at R = 2 in bench29 — and only the plain rounds' excess cancels it), else the prior's,
         else the nearest measured bucket's scaled by the cost model's full-block step time at R over
         there (the drafter's forward is a block of R · (γ + 1) tokens too), else None."""
         b = batch_bucket(num_requests)
@@ -296,7 +299,8 @@ class DraftGate:
             plain = self.plain_overhead[k].value if k in self.plain_overhead else 0.0
             return max(self.overhead[k].value - plain, 0.0)
 
-        if b in self.overhead and (self.overhead[b].evidence >= self.min_evidence or self.prior is None):
+        if b in self.overhead and (self.prior is None or (self.overhead[b].evidence >= self.min_evidence
+                                                          and b in self.plain_overhead)):
             return measured(b)
         if self.prior is not None:
             return self.prior.overhead_at(num_requests)
