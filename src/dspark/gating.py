@@ -63,7 +63,9 @@ scaled by the cost model's full-block step time (the drafter's forward is a bloc
 tokens too). The probes keep a wrong prior from holding
 forever: ``min_evidence`` drafted request-rounds from at least ``min_requests`` distinct requests
 replace its survival (one request's rounds are correlated: a drafter may miss the whole opening of
-an answer), and as many request-rounds in a bucket hand the decision there to the measured rates.
+an answer), and as many request-rounds in a bucket hand the decision there to the measured rates
+(its overhead, once plain rounds were measured there too: a round's excess over the profile holds
+the engine's own work, which drafted and plain rounds both pay).
 
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
