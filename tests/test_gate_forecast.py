@@ -149,8 +149,8 @@ def test_the_engines_per_round_work_is_not_charged_to_drafting():
     work = 0.008  # the engine's own per-round seconds, drafted or not
     for _ in range(5):
         assert g.should_draft(["a", "b"], cm)
-        g.observe(2, True, 4, 0.024 + 0.004 + work, cm,  # t(B = 8) + overhead + work lengths=torch.tensor([3, 3]),
-                  accepted=torch.tensor([1, 1]), survival=surv)
+        g.observe(2, True, 4, 0.024 + 0.004 + work, cm,  # t(B = 8) + overhead + work
+                  lengths=torch.tensor([3, 3]), accepted=torch.tensor([1, 1]), survival=surv)
     assert g.draft_overhead(2, cm, 3) == pytest.approx(0.004) and not g.predicts_loss(2, cm)
     for _ in range(3):
         g.observe(2, False, 2, 0.021 + work, cm)
