@@ -78,7 +78,6 @@ def main() -> None:
         keep = torch.randperm(target.vocab_size, generator=torch.Generator().manual_seed(k))[:k]
         for label in (f"dspark-{max(args.layers)}L", "eagle3-1L"):
             drafters[f"{label}-vocab{k}"] = prune_draft_vocab(drafters[label], keep)
-    configs = {k: None for k in drafters}
     ids = target.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)["input_ids"][0]
     # the target's features of prompt + a greedy continuation (positions for every round)
@@ -86,7 +85,7 @@ def main() -> None:
         full = target.model.generate(ids[None], max_new_tokens=2 * args.rounds + 8, do_sample=False,
                                      attention_mask=torch.ones(1, ids.numel(), dtype=torch.long))[0]
         hs = target.model(full[None], output_hidden_states=True).hidden_states
-    samples: dict[str, list[float]] = {k: [] for k in configs}
+    samples: dict[str, list[float]] = {k: [] for k in drafters}
     for _ in range(args.repeats):
         for label, d in drafters.items():
             feats = torch.cat([hs[i + 1][0] for i in d.target_layer_ids], dim=-1)  # [n, m·d]

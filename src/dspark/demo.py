@@ -201,7 +201,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     from dspark.checkpoints import resolve_checkpoint
     from dspark.data.natural.common import SHIPPED_EVAL
     from dspark.data.prompts import prompt_request
-    from dspark.drafters.prune import parse_drafter_ref
+    from dspark.drafters.prune import parse_drafter_ref, variant_label
     from dspark.engine import encode_prompt
     from dspark.evaluation_runs import eval_prompts
 
@@ -212,7 +212,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     name, draft_vocab = parse_drafter_ref(opts.drafter)
     folder = resolve_checkpoint(name)
     ref = (folder, draft_vocab)
-    label = folder.name + (f"-vocab{draft_vocab}" if draft_vocab else "")
+    label = variant_label(folder.name, draft_vocab)
     cal_path = folder / "calibration.json"
     calibrator = load_calibrator(cal_path) if cal_path.is_file() else None
     greedy = SamplingParams.greedy()

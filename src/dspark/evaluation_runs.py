@@ -60,14 +60,13 @@ def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
     default label ``NAME-vocabK``)."""
     import dspark
     from dspark.calibration import load_calibrator
-    from dspark.drafters.prune import parse_drafter_ref
+    from dspark.drafters.prune import parse_drafter_ref, variant_label
 
     label, path = _split_label(spec)
     path, draft_vocab = parse_drafter_ref(path)
     if not label:
         p = Path(path)
-        label = (p.parent.name if p.name == "checkpoint" else p.name) or path
-        label += f"-vocab{draft_vocab}" if draft_vocab else ""
+        label = variant_label((p.parent.name if p.name == "checkpoint" else p.name) or path, draft_vocab)
     if path == "ngram":
         return label, dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=7), None
     from dspark.checkpoints import resolve_checkpoint
@@ -225,6 +224,7 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
     import torch
 
     from dspark.checkpoints import resolve_checkpoint
+    from dspark.drafters.prune import parse_drafter_ref
     from dspark.evaluation import (
         Rounds,
         collect_rounds,
@@ -236,7 +236,7 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
 
     opts = resolve_options(CalibrateOptions, options, overrides)
     _check_drafter_spec(opts.checkpoint)  # a missing checkpoint or prompt file fails before the model loads
-    if not opts.out and _spec_path(opts.checkpoint) != _split_label(opts.checkpoint)[1]:
+    if not opts.out and parse_drafter_ref(_split_label(opts.checkpoint)[1])[1] is not None:
         raise ValueError(f"{opts.checkpoint}: a ':vocab=K' variant shares its folder with the full drafter; "
                          "give --out so its calibration does not replace the folder's calibration.json")
     out = Path(opts.out) if opts.out else resolve_checkpoint(_spec_path(opts.checkpoint))

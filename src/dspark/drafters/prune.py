@@ -30,7 +30,7 @@ import attrs
 import torch
 
 __all__ = ["RANKING_NAME", "parse_drafter_ref", "prune_draft_vocab", "rank_tokens", "read_token_ranking",
-           "save_token_ranking"]
+           "save_token_ranking", "variant_label"]
 
 RANKING_NAME = "token_ranking.json"
 _REF = re.compile(r"^(?P<path>.+?):vocab=(?P<k>[^:=]*)$")
@@ -46,6 +46,11 @@ def parse_drafter_ref(ref: str) -> tuple[str, int | None]:
     if not k.isdigit() or int(k) < 1:
         raise ValueError(f"{ref!r}: ':vocab=K' needs a positive integer K, got {k!r}")
     return m["path"], int(k)
+
+
+def variant_label(name: str, draft_vocab: int | None) -> str:
+    """The name reports give a drafter: ``NAME``, or ``NAME-vocabK`` for its ``:vocab=K`` variant."""
+    return f"{name}-vocab{draft_vocab}" if draft_vocab else name
 
 
 def rank_tokens(sequences: Iterable[Sequence[int]]) -> tuple[list[int], int]:
@@ -102,10 +107,10 @@ def prune_draft_vocab(drafter: Any, token_ids: Sequence[int] | torch.Tensor) -> 
         raise ValueError(f"keep between 1 and {V - 1} tokens (the vocabulary has {V}); got {ids.numel()}")
     if ids.unique().numel() != ids.numel() or int(ids.min()) < 0 or int(ids.max()) >= V:
         raise ValueError(f"the kept token ids must be distinct and in [0, {V})")
-    pruned = build_drafter(attrs.evolve(config, draft_vocab_size=ids.numel() + 1))
+    Vd = ids.numel() + 1
+    pruned = build_drafter(attrs.evolve(config, draft_vocab_size=Vd))
     pruned.set_draft_vocab(ids)
     state = dict(drafter.state_dict())
-    Vd = ids.numel() + 1
     for key, want in pruned.state_dict().items():
         have = state.get(key)
         if key == "draft_ids" or have is None:
