@@ -156,3 +156,33 @@ def test_the_engines_per_round_work_is_not_charged_to_drafting():
         g.observe(2, False, 2, 0.021 + work, cm)
     assert g.draft_overhead(2, cm, 3) == pytest.approx(0.004, abs=1e-9)
     assert not g.predicts_loss(2, cm) and g.forecast(2, cm) > 1.0
+
+
+def test_one_requests_rejected_opening_does_not_stop_drafting_that_the_forecast_says_pays():
+    """bench30, c = 1, r0: the first request opened with drafts the drafter missed, the measured
+    rates said "loss" after 13 drafted rounds and the gate never drafted again (0.81× plain, where
+    the other repeats drafted and ran 1.13–1.18×). Where the forecast says drafting pays, the
+    measured rates need min_requests = 4 distinct requests before they may stop it; once they
+    have them, a loss that persists does stop it."""
+    cm = _cost({b: 0.01 + 0.0005 * b for b in range(1, 33)})
+    prior = GatePrior([0.6, 0.4, 0.2], {1: 0.002})
+    surv = torch.tensor([[0.6, 0.36, 0.216]])  # [R = 1, γ = 3]
+
+    def rejected_round(g, rid):
+        drafting = g.should_draft([rid], cm)
+        g.observe(1, True, 1, 0.015, cm, draft_seconds=0.002, gamma=3, expected=1.6,
+                  lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv)
+        return drafting
+
+    g = DraftGate(prior=prior)
+    assert all(rejected_round(g, "a") for _ in range(20))  # one request: it keeps drafting
+    assert g.skip == 0 and not g.predicts_loss(1, cm)
+    for rid in "bc":
+        assert all(rejected_round(g, rid) for _ in range(3))
+    rejected_round(g, "d")  # the fourth request: the measurement now holds, and it stops
+    assert g.skip > 0 and not g.should_draft(["d"], cm)
+    # without a prior (no forecast yet), the measured rates decide as before: 8 request-rounds
+    g = DraftGate()
+    for _ in range(8):
+        rejected_round(g, "a")
+    assert g.skip > 0

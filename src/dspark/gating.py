@@ -63,9 +63,13 @@ scaled by the cost model's full-block step time (the drafter's forward is a bloc
 tokens too). The probes keep a wrong prior from holding
 forever: ``min_evidence`` drafted request-rounds from at least ``min_requests`` distinct requests
 replace its survival (one request's rounds are correlated: a drafter may miss the whole opening of
-an answer), and as many request-rounds in a bucket hand the decision there to the measured rates
-(its overhead, once plain rounds were measured there too: a round's excess over the profile holds
-the engine's own work, which drafted and plain rounds both pay).
+an answer), and as many request-rounds in a bucket, again from ``min_requests`` distinct requests
+where the forecast says drafting pays, hand the decision there to the measured rates (its
+overhead, once plain rounds were measured there too: a round's excess over the profile holds the
+engine's own work, which drafted and plain rounds both pay). Distinct requests for the rates too:
+at R = 1 one request whose opening the drafter missed made the rates say "loss" after 13 drafted
+rounds, and the gate kept the drafter off for the rest of the run (bench30, c = 1, r0: 0.81× plain,
+where drafting ran 1.13–1.18× in the other two repeats).
 
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
@@ -221,6 +225,7 @@ class DraftGate:
     accepted_drafts: _Rate = field(factory=_Rate, init=False)  # accepted ("tokens") vs expected ("seconds") drafts
     survival_evidence: int = field(default=0, init=False)  # drafted request-rounds seen
     survival_requests: set = field(factory=set, init=False)  # distinct drafted requests (up to min_requests)
+    rate_requests: dict[int, set] = field(factory=dict, init=False)  # bucket → distinct drafted requests (≤ min_requests)
     overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → drafted seconds beyond t(B) + α(R)
     plain_overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → plain seconds beyond t(R) + α(R)
     _probe_next: bool = field(default=False, init=False)  # the round after a forecast skip drafts
@@ -336,12 +341,7 @@ class DraftGate:
         """survival [R, γ] calibrated prefix survival (cumprod of the calibrated confidences),
         lengths [R] verified drafts, accepted [R] accepted drafts."""
         survival = survival.detach().double().reshape(lengths.numel(), -1)  # [R, γ]
-        # the round's request ids (from should_draft); rounds observed without them count as distinct
-        ids = self._current or {("anonymous", self.survival_evidence + i) for i in range(lengths.numel())}
-        for rid in ids:
-            if len(self.survival_requests) >= self.min_requests:
-                break
-            self.survival_requests.add(rid)
+        self._add_requests(self.survival_requests, lengths.numel())
         keep = 1.0 - self.calibration_decay
         total = survival.sum(dim=0)  # [γ]
         if self.survival_sum is None or self.survival_sum.numel() != total.numel():
@@ -399,9 +399,16 @@ class DraftGate:
                 self.skip = self.hopeless_skip
                 self._skip_for = frozenset()  # machine-bound: new requests do not reopen it
                 return True
+        self._add_requests(self.rate_requests.setdefault(b, set()), num_requests)
         if spec.evidence < self.min_evidence:
             return False
         loss = plain / (self.margin * spec.rate * self._rho())
+        if (loss > 1.0 and len(self.rate_requests[b]) < self.min_requests
+                and self.forecast(num_requests, cost_model) is not None
+                and not self.predicts_loss(num_requests, cost_model)):
+            # the forecast says drafting pays, and the measured loss comes from fewer than
+            # min_requests requests (at R = 1: the opening of one answer) — not enough to overturn it
+            return False
         if loss > 1.0:
             # The clearer the loss, the longer the first skip (a probe costs a drafted round plus
             # the drafter catching up): min_backoff · loss³, doubling on each further loss up to
@@ -418,6 +425,15 @@ class DraftGate:
         self.wins[b] = self.wins.get(b, 0) + 1
         self.backoff = 0
         return False
+
+    def _add_requests(self, seen: set, num_requests: int) -> None:
+        """Add this round's request ids (from should_draft) to ``seen``, up to ``min_requests`` of
+        them; a round observed without ids counts as that many new requests."""
+        ids = self._current or {("anonymous", id(seen), len(seen) + i) for i in range(num_requests)}
+        for rid in ids:
+            if len(seen) >= self.min_requests:
+                break
+            seen.add(rid)
 
     def _rho(self) -> float:
         """Committed / expected tokens over the long window (1 until there is evidence)."""
