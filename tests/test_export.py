@@ -357,6 +357,32 @@ def test_cli_onnx_with_validate(cli_files, tmp_path, capsys):
     assert OrtDrafter.from_dir(tmp_path / "o").name == "dspark"
 
 
+def test_cli_exports_the_named_vocabulary_cut_variant(cli_files, tmp_path, capsys):
+    """CHECKPOINT:vocab=K exports the drafter cut to the K most frequent tokens of its
+    token_ranking.json (the variant dspark demo / eval / bench run), and it validates against the
+    PyTorch cut; a bad K or a missing ranking is one line."""
+    import shutil
+
+    from dspark.drafters.prune import save_token_ranking
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(cli_files / "ckpt", ckpt)
+    ranking = [7, 3, 11, 2, 40, 5, 9, 1, 30, 22, 13, 8]  # "most frequent first"
+    save_token_ranking(ckpt, [ranking[: i + 1] for i in range(len(ranking))], source="test")
+    rc, out, err = _run([f"{ckpt}:vocab=6", "--onnx", tmp_path / "o", "--target", cli_files / "tiny",
+                         "--validate", "--quiet"], capsys)
+    assert rc == 0, err
+    assert "— ok" in out
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["draft_ids"][:-1] == ranking[:6] and len(m["draft_ids"]) == 7  # K slots + the placeholder
+    assert m["drafter_config"]["draft_vocab_size"] == 7
+    for spec, message in [(f"{ckpt}:vocab=0", "needs a positive integer K"),
+                          (f"{cli_files / 'ckpt'}:vocab=6", "token_ranking.json is missing")]:
+        rc, _, err = _run([spec, "--onnx", tmp_path / "bad", "--target", cli_files / "tiny", "--quiet"], capsys)
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and message in lines[0], err
+
+
 @pytest.mark.parametrize("case, message", [
     ("missing-checkpoint", "checkpoint .* does not exist"),
     ("not-a-checkpoint", "is not a drafter checkpoint"),

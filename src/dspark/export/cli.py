@@ -1,6 +1,6 @@
 """``python -m dspark.export``: a trained drafter checkpoint → ONNX graphs (+ TensorRT engines).
 
-    python -m dspark.export CHECKPOINT --onnx OUT_DIR [--target smollm2-135m] [--validate]
+    python -m dspark.export CHECKPOINT[:vocab=K] --onnx OUT_DIR [--target smollm2-135m] [--validate]
     python -m dspark.export CHECKPOINT --trt OUT_DIR [--fp16 | --bf16] [--profile FILE]
                             [--batch MIN,OPT,MAX] [--past MIN,OPT,MAX] [--new MIN,OPT,MAX] [--validate]
 
@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export a trained dspark / dflash / eagle3 drafter to ONNX (the context, backbone "
                     "and head graphs + manifest.json) and optionally build TensorRT engines from them.",
     )
-    p.add_argument("checkpoint", help="drafter folder written by save_pretrained (config.json + model.safetensors)")
+    p.add_argument("checkpoint", help="drafter folder written by save_pretrained (config.json + model.safetensors) "
+                                      "or a shipped drafter's name; NAME:vocab=K exports its named variant cut "
+                                      "to the K most frequent tokens of its token_ranking.json (docs/results.md)")
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--onnx", metavar="OUT_DIR", help="write the ONNX graphs and manifest.json here")
     out.add_argument("--trt", metavar="OUT_DIR", help="write the ONNX graphs here, then build TensorRT engines")
@@ -128,12 +130,18 @@ def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bo
 
 
 def _run(args: argparse.Namespace) -> int:
+    from dspark.checkpoints import locate
+    from dspark.drafters.prune import parse_drafter_ref
     from dspark.export.exporter import prepare_out_dir
     from dspark.export.manifest import ExportError
 
     out = Path(args.onnx or args.trt)
-    ckpt = Path(args.checkpoint)
+    path, args.draft_vocab = parse_drafter_ref(args.checkpoint)
+    ckpt = locate(path)
     cfg = _checkpoint_kind(ckpt)
+    if args.draft_vocab is not None and cfg.get("draft_vocab_size") is not None:
+        raise ExportError(f"{args.checkpoint}: ':vocab=K' cuts a full-vocabulary drafter, and {ckpt} already has a "
+                          f"reduced vocabulary (draft_vocab_size {cfg['draft_vocab_size']})")
     profile, precisions = None, ()
     if args.trt:
         from dspark.export.tensorrt_backend import (
@@ -198,8 +206,8 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
         finally:
             if bars:
                 hf_logging.enable_progress_bar()
-        progress(f"loading drafter {ckpt}")
-        drafter = from_pretrained(ckpt, target)
+        progress(f"loading drafter {args.checkpoint}")
+        drafter = from_pretrained(ckpt, target, draft_vocab=args.draft_vocab)
         if drafter.dtype != torch.float32:
             drafter = drafter.float()
         manifest = export_onnx(drafter, out, opset=args.opset, target_spec=args.target, checkpoint=ckpt,
