@@ -335,7 +335,11 @@ class DraftGate:
     def predicts_loss(self, num_requests: int, cost_model: CostModel) -> bool:
         """True when the forecast says no draft length beats plain decoding (by ``forecast_margin``)."""
         f = self.forecast(num_requests, cost_model)
-        return f is not None and (f <= 1.0 or f < self.forecast_margin)
+        return f is not None and self._forecast_loses(f)
+
+    def _forecast_loses(self, f: float) -> bool:
+        """The forecast ``f`` (best fixed length over plain) says drafting does not pay."""
+        return f <= 1.0 or f < self.forecast_margin
 
     def _observe_acceptance(self, survival: torch.Tensor, lengths: torch.Tensor, accepted: torch.Tensor) -> None:
         """survival [R, γ] calibrated prefix survival (cumprod of the calibrated confidences),
@@ -403,13 +407,12 @@ class DraftGate:
         if spec.evidence < self.min_evidence:
             return False
         loss = plain / (self.margin * spec.rate * self._rho())
-        if (loss > 1.0 and len(self.rate_requests[b]) < self.min_requests
-                and self.forecast(num_requests, cost_model) is not None
-                and not self.predicts_loss(num_requests, cost_model)):
-            # the forecast says drafting pays, and the measured loss comes from fewer than
-            # min_requests requests (at R = 1: the opening of one answer) — not enough to overturn it
-            return False
         if loss > 1.0:
+            f = self.forecast(num_requests, cost_model)  # None before there is a forecast
+            if len(self.rate_requests[b]) < self.min_requests and f is not None and not self._forecast_loses(f):
+                # the forecast says drafting pays, and the measured loss comes from fewer than
+                # min_requests requests (at R = 1: the opening of one answer): not enough to overturn it
+                return False
             # The clearer the loss, the longer the first skip (a probe costs a drafted round plus
             # the drafter catching up): min_backoff · loss³, doubling on each further loss up to
             # max_backoff, or further while a probe costs more than probe_budget of the skip.
@@ -418,7 +421,7 @@ class DraftGate:
             cap = max(self.max_backoff, math.ceil(excess * plain / (num_requests * self.probe_budget)))
             self.skip = min(max(self.backoff, math.ceil(self.min_backoff * loss**3)), cap)
             self.backoff = min(2 * self.skip, cap)
-            if self.predicts_loss(num_requests, cost_model):  # the forecast agrees: no short probes
+            if f is not None and self._forecast_loses(f):  # the forecast agrees: no short probes
                 self.skip = max(self.skip, self.hopeless_skip)
             self._skip_for = self._current
             return True

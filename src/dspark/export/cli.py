@@ -136,10 +136,10 @@ def _run(args: argparse.Namespace) -> int:
     from dspark.export.manifest import ExportError
 
     out = Path(args.onnx or args.trt)
-    path, args.draft_vocab = parse_drafter_ref(args.checkpoint)
+    path, draft_vocab = parse_drafter_ref(args.checkpoint)
     ckpt = locate(path)
     cfg = _checkpoint_kind(ckpt)
-    if args.draft_vocab is not None and cfg.get("draft_vocab_size") is not None:
+    if draft_vocab is not None and cfg.get("draft_vocab_size") is not None:
         raise ExportError(f"{args.checkpoint}: ':vocab=K' cuts a full-vocabulary drafter, and {ckpt} already has a "
                           f"reduced vocabulary (draft_vocab_size {cfg['draft_vocab_size']})")
     profile, precisions = None, ()
@@ -171,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
     created = not out.exists()
     prepare_out_dir(out)
     try:
-        return _export(args, out, ckpt, cfg, profile, precisions)
+        return _export(args, out, ckpt, cfg, profile, precisions, draft_vocab)
     except BaseException:
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # a failed export leaves no empty folder behind
@@ -179,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any], profile: Any,
-            precisions: tuple[str, ...] = ()) -> int:
+            precisions: tuple[str, ...] = (), draft_vocab: int | None = None) -> int:
     import torch
 
     from dspark.drafters.kinds import drafter_kind
@@ -207,7 +207,7 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
             if bars:
                 hf_logging.enable_progress_bar()
         progress(f"loading drafter {args.checkpoint}")
-        drafter = from_pretrained(ckpt, target, draft_vocab=args.draft_vocab)
+        drafter = from_pretrained(ckpt, target, draft_vocab=draft_vocab)
         if drafter.dtype != torch.float32:
             drafter = drafter.float()
         manifest = export_onnx(drafter, out, opset=args.opset, target_spec=args.target, checkpoint=ckpt,
