@@ -27,6 +27,8 @@ TEMPLATED=${TEMPLATED:-$RUNS/data}   # the older templated data: its responses s
 DATA=${DATA:-$RUNS/data12}
 STEPS=${STEPS:-3000}                 # the equal-budget comparison
 LONG_STEPS=${LONG_STEPS:-7000}       # dspark-5l-long: dspark-5l's 3000 steps + 4000 (what fit one 2-core session)
+XL_STEPS=${XL_STEPS:-3000}           # dspark-5l-xl: dspark-5l-long's 7000 steps + XL_STEPS more
+XL_LR=${XL_LR:-5e-4}                 # a second continuation: half the peak lr (it starts trained)
 COMMON=(--data "$DATA" --feature-cache "$DATA/features-full-bf16" --teacher-dtype bfloat16 --teacher full
         --gamma 7 --seqs-per-step 8 --anchors 8 --lr 1e-3 --dtype "${DTYPE:-bfloat16}" --checkpoint-every 25
         --save-dtype int8)
@@ -92,6 +94,14 @@ if want dspark-5l-long && [ ! -f "$RUNS/dspark-5l-long/checkpoint/config.json" ]
   fi
 fi
 
+# 3b. dspark-5l-xl: dspark-5l-long continued by XL_STEPS from its committed int8 checkpoint (fresh
+#     optimizer, --seed 2: other batches and anchors than its earlier 7000 steps); re-running resumes
+#     from RUNS/dspark-5l-xl/state.pt
+if want dspark-5l-xl && [ ! -f "$RUNS/dspark-5l-xl/checkpoint/config.json" ]; then
+  dspark train --out "$RUNS/dspark-5l-xl" --steps "$XL_STEPS" "${COMMON[@]}" --lr "$XL_LR" \
+    --init-from "$RUNS/dspark-5l-long/checkpoint" --seed 2
+fi
+
 # 4. calibration on held-out prompts (never trained on) minus the shipped natural eval set, which is
 #    drawn from the same held-out side: calibration and evaluation prompts are disjoint by key.
 #    bf16, as the eval and serving run the target.
@@ -105,7 +115,7 @@ open(out + ".tmp", "w", encoding="utf-8").writelines(rows)
 __import__("os").replace(out + ".tmp", out)
 print(f"{out}: {len(rows)} held-out prompts, the {len(taken)} of the shipped eval set left out", file=sys.stderr)
 PY
-for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long; do
+for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl; do
   want "$name" || continue
   ck="$RUNS/$name/checkpoint"
   [ -f "$ck/config.json" ] && [ ! -f "$ck/calibration.json" ] && \

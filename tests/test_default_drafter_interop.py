@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,3 +80,32 @@ def test_default_drafter_converts_to_speculators_and_drafts_identically(target, 
     assert cli_main(["convert", str(out), str(ds), "--to", "deepspec", "--target", "smollm2-135m"]) == 0
     assert json.loads((ds / "config.json").read_text())["num_target_layers"] == 30
     assert (ds / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+EAGLE3_1L = str(Path(__file__).resolve().parents[1] / "data/smollm2-135m/runs/eagle3-1l/checkpoint")
+
+
+@pytest.mark.parametrize("ref", ["dspark-5l-long:vocab=8192", EAGLE3_1L])
+def test_reduced_vocabulary_drafters_convert_to_speculators_with_d2t(ref, target, tmp_path):
+    """The named cut variant and the paper-configuration Eagle3 (trained with a 4,096-token draft
+    vocabulary) go to vLLM with speculators' d2t / t2d and draft, read back, what they draft in dspark."""
+    out = tmp_path / "vllm"
+    assert cli_main(["convert", ref, str(out), "--to", "speculators", "--target", "smollm2-135m"]) == 0
+    name, _, k = ref.partition(":vocab=")
+    mine = from_pretrained(resolve_checkpoint(name), target, draft_vocab=int(k) if k else None)
+    K = mine.config.draft_vocab_size - 1
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == K and cfg["transformer_layer_config"]["vocab_size"] == target.vocab_size
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+        assert f.get_slice("lm_head.weight").get_shape() == [K, target.hidden_size]
+    assert torch.equal(d2t + torch.arange(K), torch.sort(mine.draft_ids[:-1]).values)
+    assert int(t2d.sum()) == K and t2d.dtype == torch.bool
+    theirs = from_pretrained(out, target)
+    torch.manual_seed(0)
+    ids = torch.randint(100, 20000, (40,))
+    hidden = torch.randn(39, len(mine.config.target_layer_ids) * target.hidden_size) * 3
+    a, b = _block(mine, ids, hidden), _block(theirs, ids, hidden)
+    assert a.tokens.tolist() == b.tokens.tolist()
+    torch.testing.assert_close(a.q, b.q, atol=1e-5, rtol=0)
+    assert cli_main(["convert", ref, str(tmp_path / "ds"), "--to", "deepspec", "--target", "smollm2-135m"]) == 2

@@ -618,7 +618,8 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
         "speculators (what vLLM serves); z-lab DFlash folders are read too. The source format is detected. "
         "What the output format cannot represent is refused, never approximated (docs/interop.md)."
     )
-    p.add_argument("src", help="checkpoint folder (any readable format) or a shipped drafter's name")
+    p.add_argument("src", help="checkpoint folder (any readable format) or a shipped drafter's name "
+                   "(NAME:vocab=K: cut to its K most frequent tokens, written with speculators' d2t / t2d; needs --target)")
     p.add_argument("out", help="output folder (written all or nothing)")
     p.add_argument("--to", required=True, choices=["dspark", "deepspec", "speculators"], help="output format")
     p.add_argument("--target", help="the target the drafter belongs to (smollm2-135m, an HF folder, a .gguf): "
@@ -633,18 +634,27 @@ def _convert(args: argparse.Namespace) -> int:
     import torch
 
     from dspark.checkpoints import locate
-    from dspark.drafters.formats import convert, detect
+    from dspark.drafters.checkpoint import from_pretrained
+    from dspark.drafters.formats import convert, detect, portable_from_drafter, write
+    from dspark.drafters.prune import parse_drafter_ref
 
-    src = locate(args.src)
+    path, draft_vocab = parse_drafter_ref(args.src)
+    src = locate(path)
     fmt = detect(src)  # fail fast, before loading a target
+    if draft_vocab is not None and not args.target:
+        raise ValueError(f"{args.src}: ':vocab=K' cuts the drafter after binding it to its target; pass --target")
     target = None
     if args.target:
         from dspark.targets import load_target
 
         target = load_target(args.target, dtype=getattr(torch, args.dtype))
         target.name = args.target
-    out = convert(src, args.to, args.out, target=target, overwrite=args.overwrite)
-    print(f"{src} ({fmt}) -> {out} ({args.to})")
+    if draft_vocab is None:
+        out = convert(src, args.to, args.out, target=target, overwrite=args.overwrite)
+    else:  # the named variant: cut, then written like any drafter (speculators: d2t / t2d)
+        drafter = from_pretrained(src, target, draft_vocab=draft_vocab)
+        out = write(portable_from_drafter(drafter, target), args.to, args.out, overwrite=args.overwrite)
+    print(f"{args.src} ({fmt}) -> {out} ({args.to})")
     return 0
 
 

@@ -42,6 +42,7 @@ from dspark.drafters.files import (
 )
 from dspark.drafters.kinds import drafter_kind, kind_names
 from dspark.drafters.layers import LayerShape
+from dspark.drafters.speculators_vocab import from_speculators_vocab, to_speculators_vocab
 
 __all__ = ["FORMATS", "FormatError", "Portable", "detect", "read", "write", "convert", "build", "portable_from_drafter"]
 
@@ -316,10 +317,16 @@ def _read_speculators(root: Path, cfg: dict[str, Any]) -> Portable:
     n_target = n_known or max(ids) + 2  # a lower bound; replaced by the target's own count when loading
     target = TargetInfo(str(name), layer["vocab_size"], layer["hidden_size"], n_target)
     weights = _weights(root)
-    draft_vocab = cfg.get("draft_vocab_size") or layer["vocab_size"]
-    if draft_vocab != layer["vocab_size"] or "d2t" in weights or "t2d" in weights:
-        raise FormatError(f"{where}: a reduced draft vocabulary (draft_vocab_size {draft_vocab}, d2t/t2d) is not "
-                          "read yet; dspark drafters from speculators need the full vocabulary")
+    draft_vocab, V = int(cfg.get("draft_vocab_size") or layer["vocab_size"]), layer["vocab_size"]
+    if not 2 <= draft_vocab <= V:
+        raise FormatError(f"{where}: draft_vocab_size {draft_vocab} is not in [2, the verifier's vocabulary {V}]")
+    if draft_vocab < V:  # d2t / t2d → dspark's draft slots (draft_ids, the placeholder slot)
+        weights = from_speculators_vocab(weights, V, draft_vocab, root / WEIGHTS_NAME)
+    elif "d2t" in weights:  # a full vocabulary may still ship the identity map
+        if weights["d2t"].any():
+            raise FormatError(f"{where}: draft_vocab_size equals the vocabulary ({V}) but d2t is not the identity")
+        weights = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}
+    reduced = {"draft_vocab_size": draft_vocab + 1} if draft_vocab < V else {}
     if kind == "eagle3":
         flags = [f for f in ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual") if cfg.get(f)]
         if flags:
@@ -327,12 +334,12 @@ def _read_speculators(root: Path, cfg: dict[str, Any]) -> Portable:
                               "the DeepSpec layout dspark implements")
         config = DrafterConfig(kind="eagle3", vocab_size=layer["vocab_size"], layer=shape, target=target,
                                target_layer_ids=tuple(ids), num_layers=layer["num_hidden_layers"],
-                               gamma=int(methods[0].get("speculative_tokens", 7)))
+                               gamma=int(methods[0].get("speculative_tokens", 7)), **reduced)
     else:
         _need(cfg, where, "speculators", "block_size", "mask_token_id")
         sfa = bool(cfg.get("sample_from_anchor", kind == "dspark"))
         gamma = int(cfg["block_size"]) - (0 if sfa else 1)
-        config = _block_config(kind, {**layer, **cfg}, shape, ids, target, gamma, sfa, where)
+        config = evolve(_block_config(kind, {**layer, **cfg}, shape, ids, target, gamma, sfa, where), **reduced)
     return Portable(config, weights, str(name), tuple(verifier.get("architectures") or ()),
                     layer.get("max_position_embeddings"), "speculators", n_known is not None)
 
@@ -401,6 +408,8 @@ def _check_verifier(p: Portable, target: Any) -> DrafterConfig:
         theirs = p.weights.get(key)
         if theirs is None:
             continue
+        if key == "lm_head.weight" and "draft_ids" in p.weights and theirs.shape[0] == len(p.weights["draft_ids"]) - 1:
+            mine = mine[p.weights["draft_ids"][:-1]]  # a reduced vocabulary's rows, in draft-slot order
         if tuple(theirs.shape) != tuple(mine.shape):
             raise FormatError(f"checkpoint {key} has shape {tuple(theirs.shape)}, target {info.name!r} has "
                               f"{tuple(mine.shape)}: it was made for another verifier ({p.verifier!r})")
@@ -470,8 +479,9 @@ def _refuse_unrepresentable(p: Portable, fmt: str) -> None:
         reasons.append(f"it has a learned mask vector; the {fmt} format embeds mask slots with a target token's embedding")
     if not c.layer.qk_norm:
         reasons.append(f"its draft layers lack q/k norm; the {fmt} format's draft layers are Qwen3 layers")
-    if c.draft_vocab_size is not None:
-        reasons.append(f"it has a reduced draft vocabulary, which dspark does not write to the {fmt} format yet")
+    if c.draft_vocab_size is not None and fmt == "deepspec":
+        reasons.append("it has a reduced draft vocabulary, which DeepSpec's checkpoints do not hold (the speculators "
+                       "format does: d2t / t2d)")
     if fmt == "speculators" and c.head in ("gated-markov", "rnn"):
         reasons.append(f"vLLM serves only the vanilla head, so a {c.head} head goes to the deepspec format only")
     if fmt == "deepspec" and not c.sample_from_anchor:
@@ -513,7 +523,8 @@ def _speculators_config(p: Portable) -> dict[str, Any]:
     out: dict[str, Any] = {
         "architectures": [_spec_arch(c.kind)],
         "auto_map": {"": f"config.{ {'dspark': 'DSpark', 'dflash': 'DFlash', 'eagle3': 'Eagle3'}[c.kind]}SpeculatorConfig"},
-        "draft_vocab_size": c.vocab_size, "dtype": _dtype_name(p.weights),
+        "draft_vocab_size": c.vocab_size if c.draft_vocab_size is None else c.draft_vocab_size - 1,
+        "dtype": _dtype_name(p.weights),
         "speculators_config": {"algorithm": c.kind, "default_proposal_method": "greedy",
                                "proposal_methods": [{"accept_tolerance": 0.0, "proposal_type": "greedy",
                                                      "speculative_tokens": c.gamma, "verifier_accept_k": 1}],
@@ -562,8 +573,11 @@ def _reference_files(p: Portable, out: Path, fmt: str) -> None:
 
     _refuse_unrepresentable(p, fmt)
     cfg = _deepspec_config(p) if fmt == "deepspec" else _speculators_config(p)
+    weights = p.weights
+    if p.config.draft_vocab_size is not None:  # dspark's draft slots → speculators' d2t / t2d
+        weights = to_speculators_vocab(weights, p.config.vocab_size)
     state, seen = {}, set()
-    for k, v in p.weights.items():
+    for k, v in weights.items():
         if k == "mask_embedding":
             continue
         v = v.contiguous()
