@@ -9,7 +9,7 @@ set -euo pipefail
 RUNS=${RUNS:-runs}
 PER_DOMAIN=${PER_DOMAIN:-10}
 args=()
-for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long; do
+for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl; do
   [ -f "$RUNS/$name/checkpoint/config.json" ] && args+=(--drafter "$name=$RUNS/$name/checkpoint")
 done
 [ ${#args[@]} -gt 0 ] || { echo "no finished drafter under $RUNS (run scripts/train_paper_config.sh)" >&2; exit 1; }

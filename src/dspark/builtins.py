@@ -43,7 +43,7 @@ def neural_drafter_factory(kind: str):
             from dspark.drafters.prune import parse_drafter_ref
 
             name, draft_vocab = parse_drafter_ref(checkpoint)  # "NAME:vocab=K": the cut variant
-            checkpoint = locate(name)  # a folder, or a shipped drafter's name ("dspark-5l-long")
+            checkpoint = locate(name)  # a folder, or a shipped drafter's name ("dspark-5l-xl")
             drafter = from_pretrained(checkpoint, target, draft_vocab=draft_vocab)
             if drafter_kind(drafter.config.kind).family_name != drafter_kind(kind).family_name:
                 raise ValueError(f"{checkpoint} holds a {drafter.config.kind} drafter, not {kind}")

@@ -14,11 +14,12 @@ __all__ = ["ROOT", "DEFAULT_DRAFTER", "shipped", "locate", "resolve_checkpoint",
 
 ROOT = Path(__file__).parent / "smollm2-135m"
 # The main job's drafter: the paper's configuration in the reference layout (5 Qwen3 draft layers,
-# vanilla head, full vocabulary), trained 7,000 steps on the 1 M-token natural data (dspark-5l's
-# 3,000 continued by 4,000: data/smollm2-135m/runs/), so `dspark convert dspark-5l-long OUT --to
-# speculators --target smollm2-135m` gives what vLLM serves. Drafters shipped before it are kept,
-# unpackaged, in data/smollm2-135m/retired/ (dspark-5l in data/smollm2-135m/runs/dspark-5l/checkpoint).
-DEFAULT_DRAFTER = "dspark-5l-long"
+# vanilla head, full vocabulary), trained 10,000 steps on the 1 M-token natural data (dspark-5l's
+# 3,000, continued by 4,000 as dspark-5l-long, then by 3,000 more: data/smollm2-135m/runs/), so
+# `dspark convert dspark-5l-xl OUT --to speculators --target smollm2-135m` gives what vLLM serves.
+# Drafters shipped before it are kept, unpackaged: dspark-5l and dspark-5l-long in
+# data/smollm2-135m/runs/<name>/checkpoint, older ones in data/smollm2-135m/retired/.
+DEFAULT_DRAFTER = "dspark-5l-xl"
 
 
 def shipped() -> list[str]:
