@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from dspark.drafters.files import CheckpointError
+
 __all__ = ["from_speculators_vocab", "to_speculators_vocab"]
 
 W1, W2, LM = "markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "lm_head.weight"
@@ -63,33 +65,31 @@ def from_speculators_vocab(
 ) -> dict[str, torch.Tensor]:
     """speculators' d2t / t2d layout → dspark slot layout (V_d = K + 1, ``draft_ids`` added).
 
-    Checks what vLLM and speculators rely on and names the first problem (:class:`FormatError`).
+    Checks what vLLM and speculators rely on and names the first problem (a :class:`CheckpointError`).
     """
-    from dspark.drafters.formats import FormatError
-
     K = draft_vocab
     if "d2t" not in weights or "t2d" not in weights:
-        raise FormatError(f"{where}: draft_vocab_size {K} < the verifier's vocabulary {vocab_size}, but the "
+        raise CheckpointError(f"{where}: draft_vocab_size {K} < the verifier's vocabulary {vocab_size}, but the "
                           "weights lack " + " and ".join(k for k in ("d2t", "t2d") if k not in weights)
                           + " (the draft → target token map)")
     out = dict(weights)
     d2t, t2d = out.pop("d2t").long().reshape(-1), out.pop("t2d").reshape(-1)  # [K], [V]
     ids = torch.arange(K) + d2t if d2t.numel() == K else None  # [K] target ids
     if ids is None or t2d.numel() != vocab_size:
-        raise FormatError(f"{where}: d2t has {d2t.numel()} entries and t2d {t2d.numel()}; draft_vocab_size "
+        raise CheckpointError(f"{where}: d2t has {d2t.numel()} entries and t2d {t2d.numel()}; draft_vocab_size "
                           f"{K} and the verifier's vocabulary {vocab_size} need {K} and {vocab_size}")
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or not bool((ids[1:] > ids[:-1]).all()):
-        raise FormatError(f"{where}: d2t does not map the draft ids to distinct, ascending target ids in "
+        raise CheckpointError(f"{where}: d2t does not map the draft ids to distinct, ascending target ids in "
                           f"[0, {vocab_size})")
     mask = torch.zeros(vocab_size, dtype=torch.bool)
     mask[ids] = True
     if not torch.equal(t2d.bool(), mask):
-        raise FormatError(f"{where}: t2d does not mark exactly the {K} target ids that d2t maps to")
+        raise CheckpointError(f"{where}: t2d does not mark exactly the {K} target ids that d2t maps to")
     if W1 in out:
         w1 = out[W1]  # [V, r]
         outside = w1[~mask]  # [V − K, r]
         if not torch.equal(outside, outside[:1].expand_as(outside)):
-            raise FormatError(f"{where}: markov_head.markov_w1 has different rows for target tokens outside the "
+            raise CheckpointError(f"{where}: markov_head.markov_w1 has different rows for target tokens outside the "
                               "draft vocabulary; dspark gives all of them one row (its placeholder slot), so this "
                               "checkpoint cannot be loaded exactly")
         out[W1] = torch.cat([w1[ids], outside[:1]])  # [V_d, r]
