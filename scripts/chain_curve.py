@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-
-def _log(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+sys.path.insert(0, str(Path(__file__).parent))
+from paper_findings import load_log, moving_mean  # noqa: E402  (a sibling script)
 
 
 def main() -> int:
@@ -35,15 +35,15 @@ def main() -> int:
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     offset, seconds = 0, 0.0
     for run in args.runs:
-        log = _log(run)
+        log = load_log(run / "log.jsonl")
         steps = np.array([r["step"] for r in log]) + offset
         meta = json.loads((run / "train.json").read_text())
         seconds += float(meta.get("seconds_total", 0.0))
         for ax, key in zip(axes, ("loss", "tau")):
             y = np.array([r[key] for r in log], dtype=float)
             (raw,) = ax.plot(steps, y, lw=0.3, alpha=0.25)
-            if y.size >= args.window:
-                smooth = np.convolve(y, np.ones(args.window) / args.window, mode="valid")
+            if y.size >= args.window:  # full windows only: no warm-up at the start of a stage
+                smooth = moving_mean(list(y), args.window)[args.window - 1:]
                 ax.plot(steps[args.window - 1:], smooth, lw=1.8, color=raw.get_color(), label=run.name)
         tail = [r for r in log if r["step"] >= log[-1]["step"] - 499]
         print(f"{run.name}: steps {offset}..{offset + len(log) - 1}, last-500 mean loss "

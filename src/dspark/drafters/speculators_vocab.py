@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from dspark.drafters.files import CheckpointError
+from dspark.drafters.vocab import DraftVocab
 
 __all__ = ["from_speculators_vocab", "to_speculators_vocab"]
 
@@ -44,18 +45,15 @@ def to_speculators_vocab(weights: dict[str, torch.Tensor], vocab_size: int) -> d
     K = draft_ids.numel() - 1
     kept = draft_ids[:K]  # [K] target ids, slot order
     ids, order = torch.sort(kept)  # [K] ascending; order[i] = the slot of draft id i
+    slot = DraftVocab(draft_ids, vocab_size).t2d  # [V] target id → slot (K: the placeholder)
     out["d2t"] = ids - torch.arange(K)  # [K] int64
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
-    t2d[ids] = True
-    out["t2d"] = t2d
+    out["t2d"] = slot < K  # [V] bool
     if LM in out:
         lm = out[LM]
         out[LM] = (lm[ids] if lm.shape[0] == vocab_size else lm[order]).contiguous()  # [K, d]
     if W2 in out:
         out[W2] = out[W2][order].contiguous()  # [K, r]
     if W1 in out:
-        slot = torch.full((vocab_size,), K, dtype=torch.long)  # [V] target id → slot (K: placeholder)
-        slot[kept] = torch.arange(K)
         out[W1] = out[W1][slot].contiguous()  # [V, r]
     return out
 
