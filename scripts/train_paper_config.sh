@@ -29,6 +29,8 @@ STEPS=${STEPS:-3000}                 # the equal-budget comparison
 LONG_STEPS=${LONG_STEPS:-7000}       # dspark-5l-long: dspark-5l's 3000 steps + 4000 (what fit one 2-core session)
 XL_STEPS=${XL_STEPS:-3000}           # dspark-5l-xl: dspark-5l-long's 7000 steps + XL_STEPS more
 XL_LR=${XL_LR:-5e-4}                 # a second continuation: half the peak lr (it starts trained)
+XXL_STEPS=${XXL_STEPS:-3500}         # dspark-5l-xxl: dspark-5l-xl's 10000 steps + XXL_STEPS more
+XXL_LR=${XXL_LR:-3e-4}               # a third continuation: lower still (xl's first 500 steps at 5e-4 lost τ)
 COMMON=(--data "$DATA" --feature-cache "$DATA/features-full-bf16" --teacher-dtype bfloat16 --teacher full
         --gamma 7 --seqs-per-step 8 --anchors 8 --lr 1e-3 --dtype "${DTYPE:-bfloat16}" --checkpoint-every 25
         --save-dtype int8)
@@ -102,6 +104,12 @@ if want dspark-5l-xl && [ ! -f "$RUNS/dspark-5l-xl/checkpoint/config.json" ]; th
     --init-from "$RUNS/dspark-5l-long/checkpoint" --seed 2
 fi
 
+# 3c. dspark-5l-xxl: dspark-5l-xl continued by XXL_STEPS the same way (--seed 3)
+if want dspark-5l-xxl && [ ! -f "$RUNS/dspark-5l-xxl/checkpoint/config.json" ]; then
+  dspark train --out "$RUNS/dspark-5l-xxl" --steps "$XXL_STEPS" "${COMMON[@]}" --lr "$XXL_LR" \
+    --init-from "$RUNS/dspark-5l-xl/checkpoint" --seed 3
+fi
+
 # 4. calibration on held-out prompts (never trained on) minus the shipped natural eval set, which is
 #    drawn from the same held-out side: calibration and evaluation prompts are disjoint by key.
 #    bf16, as the eval and serving run the target.
@@ -115,10 +123,12 @@ open(out + ".tmp", "w", encoding="utf-8").writelines(rows)
 __import__("os").replace(out + ".tmp", out)
 print(f"{out}: {len(rows)} held-out prompts, the {len(taken)} of the shipped eval set left out", file=sys.stderr)
 PY
-for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl; do
+for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl dspark-5l-xxl; do
   want "$name" || continue
   ck="$RUNS/$name/checkpoint"
+  # the shipped lineage (xl on) calibrates on every held-out prompt: >= 11,000 rounds per position
+  more=(); [[ $name == dspark-5l-xl* ]] && more=(--per-domain 230 --skip 0)
   [ -f "$ck/config.json" ] && [ ! -f "$ck/calibration.json" ] && \
-    dspark calibrate "$ck" --prompts "$CAL_PROMPTS" --dtype bfloat16 --quiet
+    dspark calibrate "$ck" --prompts "$CAL_PROMPTS" --dtype bfloat16 --quiet "${more[@]}"
 done
 exit 0
