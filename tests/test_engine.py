@@ -67,6 +67,7 @@ SCHEDULERS = {
     "threshold": ("threshold", {"threshold": 0.2}),
     "sps-greedy": ("sps-greedy", {}),
     "sps-greedy-async": ("sps-greedy", {"lag": 2}),  # the paper's asynchronous variant
+    "sps-greedy-sunk": ("sps-greedy", {"sunk": True}),  # Θ counts the round's drafting time
     # The draft gate skips drafting in some rounds (plain verification; the drafter catches up on
     # the skipped tokens' features next time): short skips so drafted and skipped rounds mix.
     "sps-greedy+gate": ("sps-greedy", {}),

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import dspark
 from dspark.cost_models import SPSTableCostModel
-from dspark.schedulers import LossyScheduleWarning
+from dspark.schedulers import LossyScheduleWarning, SunkCost, with_sunk_seconds
 
 # --------------------------------------------------------------------------------------------
 # The oracle: τ, B, Θ written out from the definitions
@@ -348,3 +348,56 @@ def test_sps_greedy_against_brute_force(kind):
             assert math.isclose(argmax.schedule(c, valid, cm).expected_throughput, best, rel_tol=1e-6), label
         if kind in GREEDY_IS_OPTIMAL:
             assert math.isclose(thetas[ell], best, rel_tol=1e-9), f"{label}: optimum {best}, greedy {thetas[ell]}"
+
+
+def _round_rate(c, lengths, cm, sunk: float) -> float:
+    """τ / (s + t(B) + α(R)): the round's tokens per second when s seconds were already spent."""
+    step = float(cm.step_seconds(torch.tensor([oracle_batch(lengths, cm.accounting)]))[0])
+    return oracle_tau(c, lengths) / (sunk + step + getattr(cm, "batch_overhead_seconds", lambda _r: 0.0)(len(lengths)))
+
+
+SUNK_KINDS = ["affine-packed", "affine-packed-overhead", "convex-packed", "cpu-packed"]
+
+
+@pytest.mark.parametrize("kind", SUNK_KINDS)
+def test_sunk_sps_greedy_maximises_the_rounds_own_rate(kind):
+    """sps-greedy:sunk=true against brute force over every lengths vector, with the round's rate
+    τ / (s + t(B) + α(R)) written out here (s: seconds already spent): its ℓ is that rate's
+    optimum where t is convex (the same guarantee as the paper's Θ), never below plain decoding,
+    and it verifies at least as many drafts as the paper's Θ, which leaves s out."""
+    plain_theta = dspark.get_scheduler("sps-greedy")
+    sunk = dspark.get_scheduler("sps-greedy", sunk=True)
+    for i in range(N_BRUTE):
+        rng = np.random.default_rng(zlib.crc32(f"sunk-{kind}".encode()) + i)
+        cm = _brute_cost(kind, rng)
+        s = float(rng.choice([0.0, 0.005, 0.02, 0.08]))
+        c, valid = _brute_case(rng)
+        R, cl = c.shape[0], c.tolist()
+        rates = {ell: _round_rate(cl, ell, cm, s) for ell in itertools.product(*(range(int(v) + 1) for v in valid))}
+        ell = tuple(sunk.schedule(c, valid, with_sunk_seconds(sunk, cm, s)).lengths.tolist())
+        label = f"{kind} case {i}: s={s} c={cl} valid={valid.tolist()} ℓ={ell}"
+        assert rates[ell] >= rates[(0,) * R] * (1 - 1e-9), label
+        if kind in GREEDY_IS_OPTIMAL:
+            assert math.isclose(rates[ell], max(rates.values()), rel_tol=1e-9), label
+        assert sum(ell) >= int(plain_theta.schedule(c, valid, cm).lengths.sum()), label
+
+
+def test_sunk_seconds_lengthen_a_cpu_round_at_one_request():
+    """The case that motivated the variant (bench30, c = 1): verifying 1 or 8 tokens costs 22.5 or
+    25.4 ms and the draft already took 25 ms. With a typical survival, the paper's Θ stops after
+    position 5 (a_6 = 0.036 < Θ · Δt = 109 · 0.41 ms); counting the 25 ms halves Θ, a_6 and a_7
+    pay and all 7 are verified."""
+    cm = SPSTableCostModel.from_points({1: 0.0225, 8: 0.0254}, accounting="padded")
+    c = torch.tensor([[0.8, 0.6, 0.5, 0.45, 0.55, 0.6, 0.65]])  # a = 0.8 0.48 0.24 0.108 0.059 0.036 0.023
+    valid = torch.tensor([7])
+    paper = dspark.get_scheduler("sps-greedy")
+    sunk = dspark.get_scheduler("sps-greedy", sunk=True)
+    assert paper.schedule(c, valid, cm).lengths.tolist() == [5]
+    assert sunk.schedule(c, valid, with_sunk_seconds(sunk, cm, 0.025)).lengths.tolist() == [7]
+    # the wrapper is the cost model for everything but α(R), and only for a scheduler that counts s
+    wrapped = with_sunk_seconds(sunk, cm, 0.025)
+    assert isinstance(wrapped, SunkCost) and wrapped.accounting == "padded"
+    assert wrapped.batch_overhead_seconds(1) == pytest.approx(0.025)
+    assert with_sunk_seconds(paper, cm, 0.025) is cm and with_sunk_seconds(sunk, None, 0.025) is None
+    with pytest.raises(ValueError, match="sunk"):
+        dspark.get_scheduler("sps-greedy", sunk="yes")

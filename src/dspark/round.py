@@ -21,7 +21,7 @@ from attrs import frozen
 
 from dspark.protocols import DraftContext
 from dspark.sampling import probs_for_requests, sample
-from dspark.schedulers import build_schedule
+from dspark.schedulers import build_schedule, with_sunk_seconds
 from dspark.types import DraftBlock, SamplingParams
 from dspark.verify import verify, verify_greedy
 
@@ -104,7 +104,8 @@ def speculative_round(
         block = drafter.draft(context)
         raw = confidence_model.confidence_logits(block)  # [R, γ]
         calibrated = calibrator.calibrate(raw)  # [R, γ]
-        plan = build_schedule(scheduler, calibrated, block.valid_lengths, cost_model)
+        seen_by_scheduler = with_sunk_seconds(scheduler, cost_model, clock() - t0)  # sps-greedy:sunk=true
+        plan = build_schedule(scheduler, calibrated, block.valid_lengths, seen_by_scheduler)
         lengths, expected = plan.lengths, plan.expected_tokens  # [R]
         tokens = torch.cat([anchors[:, None], block.tokens], dim=1)  # [R, 1+γ]
     t_draft = clock() - t0

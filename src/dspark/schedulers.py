@@ -6,7 +6,9 @@ the prefix survival. A schedule picks ℓ_r (0 ≤ ℓ_r ≤ valid_r ≤ γ). Ex
 τ(ℓ) = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}); verification batch B(ℓ) under the cost model's accounting;
 expected throughput Θ = τ · SPS(B), or τ / (t(B) + α(R)) when the cost model profiles a
 per-request overhead α(R) (``batch_overhead_seconds``: constant across one round's choices, but
-it makes the ratio less steep, so dropping it would over-trim).
+it makes the ratio less steep, so dropping it would over-trim). ``sps-greedy:sunk=true`` also counts
+s, the round's seconds already spent when it schedules (drafting, confidence, calibration):
+Θ = τ / (s + t(B) + α(R)), the round's own tokens per second (:class:`SunkCost`).
 
 A scheduler returns the lengths ℓ [R] (``lengths(c, valid, cost_model)``); the framework checks
 them and builds the :class:`~dspark.types.Schedule` with τ, B and Θ (:func:`build_schedule`), so no
@@ -42,6 +44,8 @@ __all__ = [
     "SPSGreedyScheduler",
     "SPSArgmaxScheduler",
     "LossyScheduleWarning",
+    "SunkCost",
+    "with_sunk_seconds",
     "survival",
     "sps_greedy_lengths",
     "summarise",
@@ -101,9 +105,39 @@ def summarise(
     return tau, B, theta
 
 
+@frozen
+class SunkCost:
+    """``base`` with the round's ``sunk_seconds`` s added to its per-round overhead α(R).
+
+    Why: the drafter ran before the schedule is chosen, so its time is part of the round whatever
+    ℓ is; the round's real rate is τ / (s + t(B) + α(R)). Leaving s out (the paper's Θ) overstates
+    the rate a marginal token must beat by (s + t) / t — 2× at R = 1 on a 2-core CPU, where a
+    5-layer draft costs about one verification step — so the early break stops short of drafts
+    that would pay. Everything else (SPS, accounting, B) is ``base``'s.
+    """
+
+    base: Any
+    sunk_seconds: float = field(converter=float, validator=validators.ge(0.0))
+
+    def __getattr__(self, name: str) -> Any:  # step_seconds, sps, accounting, batch_size, ...
+        return getattr(self.base, name)
+
+    def batch_overhead_seconds(self, num_requests: int) -> float:
+        return batch_overhead(self.base, num_requests) + self.sunk_seconds
+
+
+def with_sunk_seconds(scheduler: Any, cost_model: Any, seconds: float) -> Any:
+    """The cost model a scheduler sees after ``seconds`` of the round were spent: wrapped in
+    :class:`SunkCost` for a scheduler that counts them (``sunk`` true), else unchanged."""
+    if cost_model is None or not getattr(scheduler, "sunk", False):
+        return cost_model
+    return SunkCost(cost_model, max(float(seconds), 0.0))
+
+
 def _throughput(tau: np.ndarray, B: np.ndarray, R: int, cost_model: CostModel) -> np.ndarray:
     """Θ = τ / (t(B) + α(R)) = τ · SPS(B) when there is no per-request overhead."""
-    sps = _SPS_CACHE.lookup(cost_model, B)
+    # SPS is tabulated per base model: a SunkCost is new every round
+    sps = _SPS_CACHE.lookup(cost_model.base if isinstance(cost_model, SunkCost) else cost_model, B)
     overhead = batch_overhead(cost_model, R)
     return tau * sps if overhead == 0.0 else tau / (1.0 / sps + overhead)
 
@@ -284,11 +318,18 @@ class SPSGreedyScheduler(SchedulerBase):
     K does not read this round's confidences, and whether a_{r,j} is among the K largest never
     depends on a_{r,j+1..} ≤ a_{r,j}. The first ``lag`` rounds (no budget yet) are synchronous.
     The scheduler then keeps the last ``lag`` budgets: use one instance per engine.
+
+    ``sunk`` = True (a named variant, not the paper's Θ): the round's seconds already spent when it
+    schedules — drafting, confidence, calibration, measured by the round — join the denominator,
+    Θ = τ / (s + t(B) + α(R)) (:class:`SunkCost`). Where drafting costs about a verification step
+    (R = 1 on a CPU) the paper's Θ trims drafts that the round would verify almost for free.
+    Still a stopping rule: s is known before any position is looked at.
     """
 
     name = "sps-greedy"
     lossless = True
     lag: int = field(default=0, validator=[validators.instance_of(int), validators.ge(0), validators.le(8)])
+    sunk: bool = field(default=False, validator=validators.instance_of(bool))
     _budgets: deque = field(init=False, factory=deque, repr=False, eq=False)  # K of the last `lag` rounds
 
     def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:

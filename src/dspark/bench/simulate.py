@@ -31,7 +31,7 @@ from dspark.bench.runner import SchedulerSpec, arrival_times
 from dspark.cost_models import round_seconds
 from dspark.cost_models.context import ContextBinding
 from dspark.gating import batch_bucket
-from dspark.schedulers import build_schedule
+from dspark.schedulers import build_schedule, with_sunk_seconds
 
 __all__ = ["Trace", "TimeModel", "traces_from_rounds", "fit_time_model", "simulate_level"]
 
@@ -221,10 +221,10 @@ def simulate_level(
             proposed = torch.tensor([int(q.trace.proposed[q.cursor % n]) for q, n in zip(active, rows)])
             valid = torch.minimum(torch.minimum(proposed, room), torch.tensor(gamma))  # [R]
             calibrated = calibrator.calibrate(z)  # [R, γ]
-            plan = build_schedule(scheduler, calibrated, valid, cm)
+            draft_s = time_model.draft_seconds(R, gamma, cm)
+            plan = build_schedule(scheduler, calibrated, valid, with_sunk_seconds(scheduler, cm, draft_s))
             lengths = plan.lengths  # [R]
             accepted = torch.minimum(full_acc, lengths)  # [R]
-            draft_s = time_model.draft_seconds(R, gamma, cm)
             for q in active:
                 q.cursor += 1
         else:
