@@ -227,6 +227,9 @@ def test_options_defaults_are_the_command_lines(argv, options):
     (lambda: BenchOptions(threads=0), "threads must be an integer ≥ 1"),
     (lambda: DemoOptions(max_new_tokens=0), "max_new_tokens must be an integer ≥ 1, got 0"),
     (lambda: DemoOptions(dtype="float16"), "dtype must be one of auto, float32, bfloat16"),
+    (lambda: DemoOptions(scheduler="sps-argmax"), "scheduler 'sps-argmax' is not lossless"),
+    (lambda: DemoOptions(scheduler="plain"), "scheduler 'plain': the demo already runs plain decoding"),
+    (lambda: DemoOptions(scheduler="sps-greedy:sunk=maybe"), "sunk"),
 ])
 def test_a_bad_option_is_one_sentence(make, match):
     with pytest.raises(ValueError, match=match) as info:

@@ -91,6 +91,9 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
                    help="target dtype for the speed run ('auto': the faster plain step, measured at start-up)")
     p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=True,
                    help="the draft gate: stop drafting where the measured rates say it does not pay")
+    p.add_argument("--scheduler", default="sps-greedy",
+                   help="the speculative engine's scheduler, NAME[:KEY=VALUE,...] (e.g. sps-greedy:sunk=true, "
+                   "docs/scheduling.md)")
     p.add_argument("--out", default="out/demo", help="folder for demo.json and demo.md")
     p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
 

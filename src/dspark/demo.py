@@ -29,6 +29,7 @@ import copy
 import json
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ class DemoOptions(NamespaceOptions):
     samples: int = field(default=4000, validator=at_least(1))
     dtype: str = field(default="auto", validator=one_of("auto", "float32", "bfloat16"))
     gate: bool = True
+    scheduler: str = field(default="sps-greedy", validator=lambda _i, _a, v: _scheduler(v))  # NAME[:KEY=VALUE,...]
     out: str = field(default="out/demo", converter=path)
     model: str = field(default="smollm2-135m", converter=path)
     prompts: str | None = field(default=None, converter=optional_path)  # None: the natural eval set
@@ -150,6 +152,22 @@ def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=Fals
     drafter = _load_drafter(ref, target) if ref is not None else None
     return Engine(target, drafter, scheduler=scheduler, cost_model=cost, calibrator=calibrator or "identity",
                   draft_gate=DraftGate(prior=prior) if gate and drafter is not None else None)
+
+
+def _scheduler(spec: str) -> Any:
+    """``NAME[:KEY=VALUE,...]`` (e.g. ``sps-greedy:sunk=true``) → the built scheduler."""
+    import dspark
+    from dspark.bench.runner import parse_scheduler_spec
+
+    parsed = parse_scheduler_spec(spec)
+    if parsed.plain:
+        raise ValueError("scheduler 'plain': the demo already runs plain decoding side by side")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a lossy scheduler's warning: refused below with the reason
+        scheduler = dspark.get_scheduler(parsed.name, **parsed.config)
+    if not getattr(scheduler, "lossless", False):
+        raise ValueError(f"scheduler {spec!r} is not lossless; the demo checks the target's own outputs")
+    return scheduler
 
 
 def _timed(fn):
@@ -244,7 +262,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     # the gate starts from what the start-up measured (as dspark bench's --gate-prior): the identity
     # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
     prior = GatePrior(survival, {1: choice.speculative[choice.dtype]["overhead_seconds"]})
-    spec_engine = _engine(model, tok, ref, calibrator, cost, gate=opts.gate, prior=prior)
+    spec_engine = _engine(model, tok, ref, calibrator, cost, scheduler=_scheduler(opts.scheduler), gate=opts.gate,
+                          prior=prior)
     # HF generate in both dtypes when they differ (the start-up race is a few steps: noisy)
     hf_models = {"hf_generate": plain_model}
     if plain_model is not model:
@@ -293,7 +312,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         "sampling_check": check, "dtype_choice": choice.to_dict(),
         "speed": {"dtype": choice.dtype, "prompts": len(ids), "prompt_file": Path(prompt_file).name,
                   "repeats": opts.repeats,
-                  "draft_gate": gate is not None, "seconds_per_repeat": totals,
+                  "draft_gate": gate is not None, "scheduler": opts.scheduler, "seconds_per_repeat": totals,
                   "gate_rounds": {"rounds": spec_engine.rounds,
                                   "skipped": gate.skipped_rounds if gate else 0,
                                   "hopeless": gate.hopeless_rounds if gate else 0},
@@ -333,7 +352,8 @@ def _markdown(r: dict) -> str:
         f"**Speed-up over the best plain decode: {sp['speedup_vs_best_plain']:.2f}×** "
         f"({sp['dtype']}, plain decoding in {sp.get('plain_dtype', sp['dtype'])}, concurrency 1, {sp['prompts']} held-out prompts of {sp.get('prompt_file', 'eval_prompts.jsonl')} "
         f"× {sp['repeats']} repeats, median of summed "
-        f"wall-clock times normalised to {r['max_new_tokens']} tokens; mean τ {sp['mean_tau']:.2f}; draft gate "
+        f"wall-clock times normalised to {r['max_new_tokens']} tokens; scheduler `{sp.get('scheduler', 'sps-greedy')}`; "
+        f"mean τ {sp['mean_tau']:.2f}; draft gate "
         + (f"on: {gate['skipped']} of {gate['rounds']} rounds skipped the drafter)." if sp["draft_gate"] else "off)."),
         "",
         f"Start-up choice: {ch['reason']}.",
