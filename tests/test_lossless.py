@@ -16,7 +16,7 @@ import torch
 import dspark
 from _sim import exact_joint, simulate
 from dspark.cost_models import SPSTableCostModel
-from dspark.schedulers import LossyScheduleWarning
+from dspark.schedulers import LossyScheduleWarning, with_sunk_seconds
 from dspark.types import SamplingParams
 from helpers import chi2_pvalue, sequence_counts
 
@@ -50,7 +50,15 @@ SCHEDULERS = {
     "threshold-survival": lambda: dspark.get_scheduler("threshold", threshold=0.3, mode="survival"),
     "sps-greedy": lambda: dspark.get_scheduler("sps-greedy"),
     "sps-greedy-async": lambda: dspark.get_scheduler("sps-greedy", lag=2),
+    "sps-greedy-sunk": lambda: dspark.get_scheduler("sps-greedy", sunk=True),  # sees a 100 ms draft
 }
+
+
+def _cost_for(scheduler):
+    """CPU_LIKE, wrapped with 100 ms already spent for a scheduler that counts them (the round's
+    drafting time: what ``speculative_round`` passes). 100 ms, about two CPU_LIKE steps, so that
+    the schedules really differ: mean ℓ 0.18 → 1.26 ("far", T = 1) against the paper's Θ."""
+    return with_sunk_seconds(scheduler, CPU_LIKE, 0.1)
 PARAMS = {
     "T1": SamplingParams(temperature=1.0),
     "T0.7-topk3": SamplingParams(temperature=0.7, top_k=3),
@@ -65,7 +73,7 @@ def test_committed_tokens_follow_target(sched, case, pname):
     target, draft, conf = _tables(case)
     params = PARAMS[pname]
     tokens, st = simulate(
-        target, draft, conf, params, SCHEDULERS[sched](), CPU_LIKE,
+        target, draft, conf, params, (sch := SCHEDULERS[sched]()), _cost_for(sch),
         n_trials=6000, n_tokens=N_TOK, gamma=GAMMA, seed=zlib.crc32(f"{sched}/{case}/{pname}".encode()),  # stable across processes
     )
     pvalue = chi2_pvalue(sequence_counts(tokens, V), exact_joint(target, params, N_TOK))
@@ -77,7 +85,7 @@ def test_committed_tokens_follow_target(sched, case, pname):
 def test_greedy_output_is_the_target_greedy_chain(sched):
     target, draft, conf = _tables("far", seed=1)
     tokens, _ = simulate(
-        target, draft, conf, SamplingParams.greedy(), SCHEDULERS[sched](), CPU_LIKE,
+        target, draft, conf, SamplingParams.greedy(), (sch := SCHEDULERS[sched]()), _cost_for(sch),
         n_trials=16, n_tokens=6, gamma=GAMMA,
     )
     expected, prev = [], 0

@@ -70,7 +70,8 @@ def _drafter(target, name):
 RETIRED = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "retired"
 RETIRED_NAMES = ("dspark-vanilla", "dspark-gated", "dspark-rnn")  # 4,096-token draft vocabulary; gated / RNN heads
 DRAFTERS = ["ngram", "dspark-5l-xl", "dspark-5l-xl:vocab=8192", *RETIRED_NAMES, "dflash", "eagle3"]
-SCHEDULERS = {"full": {}, "fixed": {"k": 1}, "threshold": {"threshold": 0.3}, "sps-greedy": {}}
+SCHEDULERS = {"full": ("full", {}), "fixed": ("fixed", {"k": 1}), "threshold": ("threshold", {"threshold": 0.3}),
+              "sps-greedy": ("sps-greedy", {}), "sps-greedy-sunk": ("sps-greedy", {"sunk": True})}
 
 
 @pytest.mark.parametrize("sched", sorted(SCHEDULERS))
@@ -78,7 +79,8 @@ SCHEDULERS = {"full": {}, "fixed": {"k": 1}, "threshold": {"threshold": 0.3}, "s
 def test_real_target_greedy_identity(target, references, dname, sched):
     ids, refs = references
     drafter, calibrator = _drafter(target, dname)
-    engine = Engine(target, drafter, scheduler=dspark.get_scheduler(sched, **SCHEDULERS[sched]),
+    name, config = SCHEDULERS[sched]
+    engine = Engine(target, drafter, scheduler=dspark.get_scheduler(name, **config),
                     cost_model="sps-table", calibrator=calibrator)
     rids = [engine.add_request(x, max_new_tokens=N) for x in ids[:2]]
     engine.step()
