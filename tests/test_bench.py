@@ -325,7 +325,7 @@ def test_simulation_agrees_with_a_measured_run(model):
     times = time_shapes(target, [1, 4], [1, 2, 3, 5], [32], repeats=2, progress=False)
     cm = dspark.get_cost_model("sps-table", profile=profile_from_shapes(
         times, model="tiny", dtype="float32", device="test", repeats=2))
-    specs = [parse_scheduler_spec(s) for s in ("plain", "fixed:k=1", "fixed:k=4", "sps-greedy")]
+    specs = [parse_scheduler_spec(s) for s in ("plain", "fixed:k=1", "fixed:k=4", "sps-greedy", "sps-greedy:sunk=true")]
     prompts = [_IdPrompt(p.tolist()) for p in PROMPTS]
     runs = {}
     for c in (1, 4):
