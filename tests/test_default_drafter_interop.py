@@ -85,7 +85,7 @@ def test_default_drafter_converts_to_speculators_and_drafts_identically(target, 
 EAGLE3_1L = str(Path(__file__).resolve().parents[1] / "data/smollm2-135m/runs/eagle3-1l/checkpoint")
 
 
-@pytest.mark.parametrize("ref", ["dspark-5l-xl:vocab=8192", EAGLE3_1L])
+@pytest.mark.parametrize("ref", [f"{DEFAULT_DRAFTER}:vocab=8192", EAGLE3_1L])
 def test_reduced_vocabulary_drafters_convert_to_speculators_with_d2t(ref, target, tmp_path):
     """The named cut variant and the paper-configuration Eagle3 (trained with a 4,096-token draft
     vocabulary) go to vLLM with speculators' d2t / t2d and draft, read back, what they draft in dspark."""

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import dspark
+from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.drafters.checkpoint import from_pretrained, save_pretrained
 from dspark.drafters.prune import (
     parse_drafter_ref,
@@ -137,7 +138,7 @@ def test_bad_rankings_and_specs_are_named(target, tmp_path):
     with pytest.raises(ValueError, match="not a token ranking"):
         from_pretrained(folder, target, draft_vocab=2)
     with pytest.raises(ValueError, match="positive integer K, got 'abc'"):
-        parse_drafter_ref("dspark-5l-xl:vocab=abc")
+        parse_drafter_ref(f"{DEFAULT_DRAFTER}:vocab=abc")
     with pytest.raises(ValueError, match="already has a reduced vocabulary"):
         prune_draft_vocab(prune_draft_vocab(full, torch.arange(4)), torch.arange(2))
     with pytest.raises(ValueError, match="distinct"):
@@ -147,10 +148,10 @@ def test_bad_rankings_and_specs_are_named(target, tmp_path):
 
 
 def test_drafter_specs_with_a_vocabulary_cut(target, tmp_path):
-    assert parse_drafter_ref("dspark-5l-xl:vocab=8192") == ("dspark-5l-xl", 8192)
+    assert parse_drafter_ref(f"{DEFAULT_DRAFTER}:vocab=8192") == (DEFAULT_DRAFTER, 8192)
     assert parse_drafter_ref("runs/x/checkpoint") == ("runs/x/checkpoint", None)
-    assert _spec_path("dspark-5l-xl:vocab=8192") == "dspark-5l-xl"
-    assert _spec_path("fast=dspark-5l-xl:vocab=8192") == "dspark-5l-xl"
+    assert _spec_path(f"{DEFAULT_DRAFTER}:vocab=8192") == DEFAULT_DRAFTER
+    assert _spec_path(f"fast={DEFAULT_DRAFTER}:vocab=8192") == DEFAULT_DRAFTER
     assert _spec_path("plain=runs/a") == "runs/a"
     folder = save_pretrained(_drafter(target), tmp_path / "mine")
     save_token_ranking(folder, [[1, 2, 3, 4, 5, 6]], "test")
@@ -168,4 +169,4 @@ def test_calibrating_a_cut_variant_needs_its_own_out_folder(tmp_path):
     from dspark.evaluation_runs import calibrate
 
     with pytest.raises(ValueError, match="give --out"):
-        calibrate(checkpoint="dspark-5l-xl:vocab=8192")
+        calibrate(checkpoint=f"{DEFAULT_DRAFTER}:vocab=8192")

@@ -1,5 +1,5 @@
 """Greedy identity on the real SmolLM2-135M target (fp32): every trained drafter (the shipped
-dspark-5l-xl, also cut to 8,192 tokens, DFlash and Eagle3; DSpark's other heads and the reduced draft vocabulary from the retired
+default drafter (DEFAULT_DRAFTER), also cut to 8,192 tokens, DFlash and Eagle3; DSpark's other heads and the reduced draft vocabulary from the retired
 checkpoints in data/smollm2-135m/retired/) and the n-gram drafter × every scheduler, with their STS
 calibration; three chat prompts of different lengths batched together, one joining mid-stream."""
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import dspark
+from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.engine import Engine
 
 pytestmark = [
@@ -69,7 +70,7 @@ def _drafter(target, name):
 
 RETIRED = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "retired"
 RETIRED_NAMES = ("dspark-vanilla", "dspark-gated", "dspark-rnn")  # 4,096-token draft vocabulary; gated / RNN heads
-DRAFTERS = ["ngram", "dspark-5l-xl", "dspark-5l-xl:vocab=8192", *RETIRED_NAMES, "dflash", "eagle3"]
+DRAFTERS = ["ngram", DEFAULT_DRAFTER, f"{DEFAULT_DRAFTER}:vocab=8192", *RETIRED_NAMES, "dflash", "eagle3"]
 SCHEDULERS = {"full": ("full", {}), "fixed": ("fixed", {"k": 1}), "threshold": ("threshold", {"threshold": 0.3}),
               "sps-greedy": ("sps-greedy", {}), "sps-greedy-sunk": ("sps-greedy", {"sunk": True})}
 
@@ -148,7 +149,7 @@ def test_generate_cli_bad_input_is_one_line(capsys):
     # refused before the model load too: empty prompts, --gamma with a checkpoint, γ out of range
     for argv, message in ((["generate", ""], "prompt 1 is empty"),
                           (["generate", "hi", "  "], "prompt 2 is empty"),
-                          (["generate", "hi", "--drafter", "dspark", "--checkpoint", "dspark-5l-xl",
+                          (["generate", "hi", "--drafter", "dspark", "--checkpoint", DEFAULT_DRAFTER,
                             "--gamma", "3"], "--gamma cannot be combined with --checkpoint"),
                           (["generate", "hi", "--gamma", "1000"], "--gamma must lie in 1..64"),
                           (["generate", "hi", "--calibrator", "/missing.json"],
