@@ -96,21 +96,20 @@ if want dspark-5l-long && [ ! -f "$RUNS/dspark-5l-long/checkpoint/config.json" ]
   fi
 fi
 
-# 3b. dspark-5l-xl: dspark-5l-long continued by XL_STEPS from its committed int8 checkpoint (fresh
-#     optimizer, --seed 2: other batches and anchors than its earlier 7000 steps); re-running resumes
-#     from RUNS/dspark-5l-xl/state.pt
-if want dspark-5l-xl && [ ! -f "$RUNS/dspark-5l-xl/checkpoint/config.json" ]; then
-  dspark train --out "$RUNS/dspark-5l-xl" --steps "$XL_STEPS" "${COMMON[@]}" --lr "$XL_LR" \
-    --init-from "$RUNS/dspark-5l-long/checkpoint" --seed 2
-fi
+# NAME FROM STEPS LR SEED: NAME continues FROM's committed int8 checkpoint by STEPS (a fresh optimizer;
+# the seed gives other batches and anchors than FROM's); re-running resumes from RUNS/NAME/state.pt
+continue_run() {
+  [ -f "$RUNS/$1/checkpoint/config.json" ] || dspark train --out "$RUNS/$1" --steps "$3" "${COMMON[@]}" \
+    --lr "$4" --init-from "$RUNS/$2/checkpoint" --seed "$5"
+}
 
-# 3c. dspark-5l-xxl: dspark-5l-xl continued by XXL_STEPS the same way (--seed 3). Opt-in (ONLY must
-#     name it): measured 2026-12-03, training τ 2.48 → 2.59 but natural-prompt τ 2.260 → 2.221
-#     (templated 2.034 → 2.134), so it is not shipped (docs/results.md, "Trained further")
-if [[ " ${ONLY:-} " == *" dspark-5l-xxl "* ]] && [ ! -f "$RUNS/dspark-5l-xxl/checkpoint/config.json" ]; then
-  dspark train --out "$RUNS/dspark-5l-xxl" --steps "$XXL_STEPS" "${COMMON[@]}" --lr "$XXL_LR" \
-    --init-from "$RUNS/dspark-5l-xl/checkpoint" --seed 3
-fi
+# 3b. dspark-5l-xl: dspark-5l-long continued by XL_STEPS
+if want dspark-5l-xl; then continue_run dspark-5l-xl dspark-5l-long "$XL_STEPS" "$XL_LR" 2; fi
+
+# 3c. dspark-5l-xxl: dspark-5l-xl continued by XXL_STEPS. Opt-in (ONLY must name it): measured
+#     2026-12-03, training τ 2.48 → 2.59 but natural-prompt τ 2.260 → 2.221 (templated 2.034 → 2.134),
+#     so it is not shipped (docs/results.md, "Trained further")
+if [[ " ${ONLY:-} " == *" dspark-5l-xxl "* ]]; then continue_run dspark-5l-xxl dspark-5l-xl "$XXL_STEPS" "$XXL_LR" 3; fi
 
 # 4. calibration on held-out prompts (never trained on) minus the shipped natural eval set, which is
 #    drawn from the same held-out side: calibration and evaluation prompts are disjoint by key.

@@ -156,18 +156,14 @@ def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=Fals
 
 def _scheduler(spec: str) -> Any:
     """``NAME[:KEY=VALUE,...]`` (e.g. ``sps-greedy:sunk=true``) → the built scheduler."""
-    import dspark
-    from dspark.bench.runner import parse_scheduler_spec
+    from dspark.bench.runner import build_lossless, parse_scheduler_spec
 
     parsed = parse_scheduler_spec(spec)
     if parsed.plain:
         raise ValueError("scheduler 'plain': the demo already runs plain decoding side by side")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a lossy scheduler's warning: refused below with the reason
-        scheduler = dspark.get_scheduler(parsed.name, **parsed.config)
-    if not getattr(scheduler, "lossless", False):
-        raise ValueError(f"scheduler {spec!r} is not lossless; the demo checks the target's own outputs")
-    return scheduler
+        warnings.simplefilter("ignore")  # a lossy scheduler's warning: refused with the reason instead
+        return build_lossless(parsed, "the demo checks the target's own outputs")
 
 
 def _timed(fn):

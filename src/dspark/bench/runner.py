@@ -62,6 +62,16 @@ def parse_scheduler_spec(spec: str) -> SchedulerSpec:
     return SchedulerSpec(spec.strip(), name, config)
 
 
+def build_lossless(spec: SchedulerSpec, why: str) -> Any:
+    """The scheduler of a non-plain ``spec``; a lossy one is refused with ``why`` losslessness is needed."""
+    import dspark
+
+    scheduler = dspark.get_scheduler(spec.name, **spec.config)
+    if not getattr(scheduler, "lossless", False):
+        raise ValueError(f"scheduler {spec.label!r} is not lossless; {why}")
+    return scheduler
+
+
 def arrival_times(n: int, arrival: str, rate: float | None = None, seed: int = 0) -> list[float]:
     """Arrival second of each of n requests: all 0 (closed loop) or a Poisson process of ``rate``/s."""
     if arrival not in ARRIVALS:
