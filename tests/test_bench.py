@@ -422,3 +422,24 @@ def test_paired_ratios_are_medians_of_each_repeats_own_ratio():
     assert q["vs_plain"] == pytest.approx(82 / 80) and q["best_other"] == "fixed"
     assert q["vs_plain_paired"] == pytest.approx(1.025)
     assert q["vs_best_other_paired"] == pytest.approx(82 / 83)
+
+
+def test_ratios_report_each_variant_against_the_other_families():
+    """sps-greedy:sunk=true is sps-greedy's variant: each gets its own row, and neither counts as the
+    other's competition (the best other here is fixed:k=7 at 90, not the variant at 99)."""
+    from dspark.bench.report import bench_markdown, ratios
+
+    tp = {"plain": 80.0, "fixed:k=7": 90.0, "sps-greedy": 95.0, "sps-greedy:sunk=true": 99.0}
+    rows = [{"scheduler": s, "concurrency": 1, "simulated": False, "throughput_tok_s": v} for s, v in tp.items()]
+    summaries = [{"repeat": 0, **r} for r in rows]
+    qs = {q["focus"]: q for q in ratios(rows, summaries=summaries)}
+    assert set(qs) == {"sps-greedy", "sps-greedy:sunk=true"}
+    assert qs["sps-greedy"]["best_other"] == qs["sps-greedy:sunk=true"]["best_other"] == "fixed:k=7"
+    assert qs["sps-greedy"]["vs_best_other"] == pytest.approx(95 / 90)
+    assert qs["sps-greedy:sunk=true"]["vs_plain_paired"] == pytest.approx(99 / 80)
+    assert qs["sps-greedy:sunk=true"]["vs_best_other_paired"] == pytest.approx(99 / 90)
+    md = bench_markdown({"meta": {"model": "m", "dtype": "bfloat16", "device": "cpu", "command": "dspark bench",
+                                  "drafter": "d", "gamma": 7, "arrival": "closed", "max_new_tokens": 8,
+                                  "temperature": 0.0, "repeats": 1, "cost_model": "x", "gated": []},
+                         "rows": [], "ratios": list(qs.values())})
+    assert "| 1 | measured | sps-greedy:sunk=true | 1.238 | fixed:k=7 | 1.100 |" in md

@@ -37,10 +37,16 @@ def aggregate(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["simulated"], r["concurrency"], r["scheduler"]))
 
 
+def _family(label: str) -> str:
+    """A scheduler label's registered name: ``sps-greedy:sunk=true`` → ``sps-greedy``."""
+    return label.split(":", 1)[0]
+
+
 def _paired(summaries: Sequence[dict[str, Any]], c: int, focus: str, baseline: str) -> tuple[float, float]:
     """Measured repeats at concurrency c: the median over repeats of ``focus`` / ``baseline`` and of
-    ``focus`` / the best other scheduler *of the same repeat*. Runs of one repeat are close in time,
-    so the slow drift of a shared machine's speed cancels in these ratios (not in ratios of medians)."""
+    ``focus`` / the best other scheduler *of the same repeat* (``focus``'s own variants left out).
+    Runs of one repeat are close in time, so the slow drift of a shared machine's speed cancels in
+    these ratios (not in ratios of medians)."""
     reps: dict[int, dict[str, float]] = {}
     for s in summaries:
         if s["concurrency"] == c and not s.get("simulated", False):
@@ -51,7 +57,7 @@ def _paired(summaries: Sequence[dict[str, Any]], c: int, focus: str, baseline: s
             continue
         if baseline in at:
             vs_plain.append(at[focus] / at[baseline])
-        others = [v for k, v in at.items() if k != focus]
+        others = [v for k, v in at.items() if _family(k) != _family(focus)]
         if others:
             vs_best.append(at[focus] / max(others))
     return _median(vs_plain) if vs_plain else math.nan, _median(vs_best) if vs_best else math.nan
@@ -59,21 +65,22 @@ def _paired(summaries: Sequence[dict[str, Any]], c: int, focus: str, baseline: s
 
 def ratios(rows: Sequence[dict[str, Any]], focus: str = "sps-greedy", baseline: str = "plain",
            summaries: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
-    """Per concurrency: ``focus`` throughput / ``baseline``'s and / the best other scheduler's (ratios
-    of the medians), and with ``summaries`` (every repeat) the medians of the per-repeat ratios."""
+    """Per concurrency and per scheduler of ``focus``'s family (``focus`` and its variants, e.g.
+    ``sps-greedy:sunk=true``): its throughput / ``baseline``'s and / the best scheduler of another
+    family (ratios of the medians; a variant is not the competition its family must beat), and with
+    ``summaries`` (every repeat) the medians of the per-repeat ratios."""
     out = []
     for sim in sorted({r["simulated"] for r in rows}):
         for c in sorted({r["concurrency"] for r in rows if r["simulated"] == sim}):
             at = {r["scheduler"]: r["throughput_tok_s"] for r in rows if r["concurrency"] == c and r["simulated"] == sim}
-            if focus not in at:
-                continue
-            others = {k: v for k, v in at.items() if k != focus}
-            best = max(others, key=others.get) if others else None
-            out.append({"concurrency": c, "simulated": sim, "focus": focus,
-                        "vs_plain": at[focus] / at[baseline] if baseline in at else math.nan,
-                        "best_other": best, "vs_best_other": at[focus] / others[best] if best else math.nan})
-            if not sim and summaries:
-                out[-1]["vs_plain_paired"], out[-1]["vs_best_other_paired"] = _paired(summaries, c, focus, baseline)
+            for name in sorted(k for k in at if _family(k) == _family(focus)):
+                others = {k: v for k, v in at.items() if _family(k) != _family(focus)}
+                best = max(others, key=others.get) if others else None
+                out.append({"concurrency": c, "simulated": sim, "focus": name,
+                            "vs_plain": at[name] / at[baseline] if baseline in at else math.nan,
+                            "best_other": best, "vs_best_other": at[name] / others[best] if best else math.nan})
+                if not sim and summaries:
+                    out[-1]["vs_plain_paired"], out[-1]["vs_best_other_paired"] = _paired(summaries, c, name, baseline)
     return out
 
 
@@ -114,11 +121,13 @@ def bench_markdown(result: dict[str, Any]) -> str:
     if result.get("ratios"):
         lines += ["## Throughput ratios", "",
                   "Ratios of the medians; *paired*: the median over repeats of each repeat's own ratio (runs "
-                  "of one repeat are close in time, so a shared machine's drift cancels).", "",
-                  "| c | measured/simulated | sps-greedy / plain | best other | sps-greedy / best other | "
-                  "paired / plain | paired / best other |", "|---|---|---|---|---|---|---|"]
+                  "of one repeat are close in time, so a shared machine's drift cancels). *Best other*: the "
+                  "fastest scheduler outside the scheduler's own family (its variants left out).", "",
+                  "| c | measured/simulated | scheduler | / plain | best other | / best other | "
+                  "paired / plain | paired / best other |", "|---|---|---|---|---|---|---|---|"]
         for q in result["ratios"]:
             lines.append(f"| {q['concurrency']} | {'simulated' if q['simulated'] else 'measured'} | "
+                         f"{q.get('focus', 'sps-greedy')} | "
                          f"{_f(q['vs_plain'], 3)} | {q['best_other']} | {_f(q['vs_best_other'], 3)} | "
                          f"{_f(q.get('vs_plain_paired', math.nan), 3)} | {_f(q.get('vs_best_other_paired', math.nan), 3)} |")
         lines.append("")

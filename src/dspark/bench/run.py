@@ -228,11 +228,15 @@ def _sim_cost_model(args: Any, measured: Any) -> tuple[Any, str]:
 
 
 def replot_bench(out: str | Path) -> Path:
-    """Redraw ``bench.png`` and ``bench.md`` of a finished run from ``out/bench.json``; the PNG's path."""
-    from dspark.bench.report import bench_markdown, plot_bench
+    """Redraw ``bench.png`` and ``bench.md`` of a finished run from ``out/bench.json`` (its ratios
+    recomputed from the recorded runs, so an older file gets today's tables); the PNG's path."""
+    from dspark.bench.report import bench_markdown, plot_bench, ratios
+    from dspark.evaluation import save_json
 
     out = Path(out)
     result = json.loads((out / "bench.json").read_text())
+    result["ratios"] = ratios(result["rows"], summaries=result.get("runs", ()))
+    save_json(result, out / "bench.json")
     plot_bench(result["rows"], out / "bench.png", result["meta"]["title"])
     (out / "bench.md").write_text(bench_markdown(result))
     return out / "bench.png"
