@@ -36,6 +36,7 @@ COMMON=(--data "$DATA" --feature-cache "$DATA/features-full-bf16" --teacher-dtyp
         --save-dtype int8)
 
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+opted() { [[ " ${ONLY:-} " == *" $1 "* ]]; }  # an opt-in step: runs only when ONLY names it
 
 # 0. data committed by an earlier session (data/smollm2-135m/*.tar.xz: a fresh machine has no RUNS):
 #    unpacked where RUNS has none, then completed (or resumed) by step 1 as usual
@@ -68,6 +69,21 @@ if [ ! -f "$DATA/.complete" ]; then
   touch "$DATA/.complete"
 fi
 
+# 1b. three times the data (opt-in: ONLY names data3m or dspark-5l-x3). dspark-5l-xxl showed the
+#     shipped lineage overfits DATA's 1 M tokens (training τ 2.59, natural-prompt τ 2.22), so more data
+#     is the lever. DATA's prompts extended by a larger --per-domain (the natural streams are
+#     deterministic, so the training prompts are a superset and the held-out side keeps DATA's held-out
+#     prompts) to DATA3_TOKENS response tokens; DATA's responses are copied, not regenerated
+DATA3=${DATA3:-$RUNS/data3m}
+DATA3_TOKENS=${DATA3_TOKENS:-3000000}
+if { opted data3m || opted dspark-5l-x3; } && [ ! -f "$DATA3/.complete" ]; then
+  mkdir -p "$DATA3"
+  [ -f "$DATA3/train.jsonl" ] || cp "$DATA/train.jsonl" "$DATA3/train.jsonl"
+  dspark data --source natural --followups-from "$TEMPLATED/train.jsonl" --out "$DATA3" --per-domain 9000 \
+    --max-new-tokens 256 --concurrency 48 --dtype bfloat16 --max-tokens "$DATA3_TOKENS"
+  touch "$DATA3/.complete"
+fi
+
 # 2. the equal-budget drafters (the first run builds the full-vocabulary teacher cache)
 train() {
   local name=$1 steps=$2; shift 2
@@ -96,11 +112,12 @@ if want dspark-5l-long && [ ! -f "$RUNS/dspark-5l-long/checkpoint/config.json" ]
   fi
 fi
 
-# NAME FROM STEPS LR SEED: NAME continues FROM's committed int8 checkpoint by STEPS (a fresh optimizer;
-# the seed gives other batches and anchors than FROM's); re-running resumes from RUNS/NAME/state.pt
+# NAME FROM STEPS LR SEED [ARGS...]: NAME continues FROM's committed int8 checkpoint by STEPS (a fresh
+# optimizer; the seed gives other batches and anchors than FROM's; ARGS override COMMON's); re-running
+# resumes from RUNS/NAME/state.pt
 continue_run() {
   [ -f "$RUNS/$1/checkpoint/config.json" ] || dspark train --out "$RUNS/$1" --steps "$3" "${COMMON[@]}" \
-    --lr "$4" --init-from "$RUNS/$2/checkpoint" --seed "$5"
+    --lr "$4" --init-from "$RUNS/$2/checkpoint" --seed "$5" "${@:6}"
 }
 
 # 3b. dspark-5l-xl: dspark-5l-long continued by XL_STEPS
@@ -109,7 +126,14 @@ if want dspark-5l-xl; then continue_run dspark-5l-xl dspark-5l-long "$XL_STEPS" 
 # 3c. dspark-5l-xxl: dspark-5l-xl continued by XXL_STEPS. Opt-in (ONLY must name it): measured
 #     2026-12-03, training τ 2.48 → 2.59 but natural-prompt τ 2.260 → 2.221 (templated 2.034 → 2.134),
 #     so it is not shipped (docs/results.md, "Trained further")
-if [[ " ${ONLY:-} " == *" dspark-5l-xxl "* ]]; then continue_run dspark-5l-xxl dspark-5l-xl "$XXL_STEPS" "$XXL_LR" 3; fi
+if opted dspark-5l-xxl; then continue_run dspark-5l-xxl dspark-5l-xl "$XXL_STEPS" "$XXL_LR" 3; fi
+
+# 3d. dspark-5l-x3: dspark-5l-xl continued by X3_STEPS on DATA3 (step 1b's three times the data; its
+#     own teacher cache). Opt-in (ONLY must name it)
+X3_STEPS=${X3_STEPS:-4000}
+if opted dspark-5l-x3; then
+  continue_run dspark-5l-x3 dspark-5l-xl "$X3_STEPS" "$XL_LR" 4 --data "$DATA3" --feature-cache "$DATA3/features-full-bf16"
+fi
 
 # 4. calibration on held-out prompts (never trained on) minus the shipped natural eval set, which is
 #    drawn from the same held-out side: calibration and evaluation prompts are disjoint by key.
@@ -124,11 +148,11 @@ open(out + ".tmp", "w", encoding="utf-8").writelines(rows)
 __import__("os").replace(out + ".tmp", out)
 print(f"{out}: {len(rows)} held-out prompts, the {len(taken)} of the shipped eval set left out", file=sys.stderr)
 PY
-for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl dspark-5l-xxl; do
+for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl dspark-5l-xxl dspark-5l-x3; do
   want "$name" || continue
   ck="$RUNS/$name/checkpoint"
-  # the shipped lineage (xl on) calibrates on every held-out prompt: >= 11,000 rounds per position
-  more=(); [[ $name == dspark-5l-xl* ]] && more=(--per-domain 230 --skip 0)
+  # the shipped lineage (xl, xxl, x3) calibrates on every held-out prompt: >= 11,000 rounds per position
+  more=(); [[ $name == dspark-5l-x* ]] && more=(--per-domain 230 --skip 0)
   [ -f "$ck/config.json" ] && [ ! -f "$ck/calibration.json" ] && \
     dspark calibrate "$ck" --prompts "$CAL_PROMPTS" --dtype bfloat16 --quiet "${more[@]}"
 done
