@@ -50,6 +50,22 @@ def test_unknown_folder_names_the_formats_tried(tmp_path):
     assert "speculators_model_type" in msg and "target_layer_ids" in msg and "dflash_config" in msg
 
 
+def test_the_facade_loads_a_shipped_drafter_by_name_and_names_them_when_missing(tmp_path):
+    """`dspark.from_pretrained` takes a shipped drafter's name as well as a folder: the same weights
+    as the folder itself; a name that is neither fails naming the shipped drafters."""
+    import dspark
+    from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
+
+    by_name = dspark.from_pretrained(DEFAULT_DRAFTER)
+    by_path = from_pretrained(resolve_checkpoint(DEFAULT_DRAFTER))
+    assert by_name.config == by_path.config
+    a, b = by_name.state_dict(), by_path.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(CheckpointError, match=f"neither a checkpoint folder nor a shipped drafter .*{DEFAULT_DRAFTER}"):
+        dspark.from_pretrained(tmp_path / "no-such-drafter")
+    assert dspark.save_pretrained is not None and "from_pretrained" in dspark.__all__
+
+
 def _assert_same_fields(mine, ref, keys):
     for key in keys:
         assert mine.get(key) == ref.get(key), key

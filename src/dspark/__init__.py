@@ -14,6 +14,10 @@ whose defaults are the command line's::
     data = dspark.build_data(dspark.DataOptions(out="data/mine", per_domain=50))
     run = dspark.train(dspark.TrainOptions(data="data/mine", out="runs/mine", steps=200))
     report = dspark.evaluate(drafters=[str(run.checkpoint), "ngram"], out="out/eval")
+
+Drafter checkpoints (dspark's, DeepSpec, speculators, z-lab DFlash, or a shipped drafter's name)::
+
+    drafter = dspark.from_pretrained("dspark-5l-xl", target=dspark.load_target("smollm2-135m"))
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ _LAZY = {
     "EvalResult": "dspark.evaluation_runs", "evaluate": "dspark.evaluation_runs",
     "BenchOptions": "dspark.bench.run", "BenchResult": "dspark.bench.run", "run_bench": "dspark.bench.run",
     "DemoOptions": "dspark.demo", "DemoResult": "dspark.demo", "run_demo": "dspark.demo",
+    "from_pretrained": "dspark.drafters.checkpoint", "save_pretrained": "dspark.drafters.checkpoint",
 }
 
 

@@ -65,10 +65,17 @@ def read_config(path: str | Path) -> DrafterConfig:
 
 def from_pretrained(path: str | Path, target: Any = None, draft_vocab: int | None = None) -> Any:
     """Load a drafter checkpoint folder — dspark's own (:func:`save_pretrained`), DeepSpec,
-    speculators or z-lab DFlash, detected from its ``config.json``; with ``target``, check the
+    speculators or z-lab DFlash, detected from its ``config.json`` — or a shipped drafter by name
+    (:func:`dspark.checkpoints.shipped`, e.g. ``"dspark-5l-xl"``); with ``target``, check the
     checkpoint was made for it and bind it. ``draft_vocab`` K (needs ``target``): the named variant
     that drafts only the K most frequent tokens of the folder's ``token_ranking.json``
     (:mod:`dspark.drafters.prune`)."""
+    from dspark.checkpoints import locate, shipped
+
+    path = locate(path)
+    if not Path(path).exists():
+        raise CheckpointError(f"{path} is neither a checkpoint folder nor a shipped drafter "
+                              f"(shipped: {', '.join(shipped()) or 'none'})")
     drafter = formats.build(formats.read(path), target)
     if draft_vocab is None:
         return drafter
