@@ -2,7 +2,7 @@
 and a prior under which it never drafts, the same closed-loop workload as `dspark bench` (c users,
 `--requests` requests, joins as requests finish), interleaved repeats, per-round ms.
     python scripts/gate_overhead_ab.py PROFILE.json GATE_PRIOR.json CONCURRENCY [REPEATS]
-        [--dtype float32|bfloat16] [--requests N]
+        [--dtype float32|bfloat16] [--requests N] [--drafter SPEC]
 (PROFILE / GATE_PRIOR: a `dspark bench` run's profile.json and gate_prior.json; --requests defaults
 to CONCURRENCY, all admitted at once)."""
 import argparse
@@ -29,11 +29,12 @@ ap.add_argument("concurrency", type=int)
 ap.add_argument("repeats", type=int, nargs="?", default=3)
 ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
 ap.add_argument("--requests", type=int, default=None)
+ap.add_argument("--drafter", default=DEFAULT_DRAFTER, help="a drafter spec as `dspark bench --drafter` takes")
 args = ap.parse_args()
 
 torch.set_num_threads(2)
 target = load_target("smollm2-135m", getattr(torch, args.dtype))
-label, drafter, cal = load_drafter_spec(DEFAULT_DRAFTER, target)
+label, drafter, cal = load_drafter_spec(args.drafter, target)
 cost = dspark.get_cost_model("sps-table", profile=dspark.cost_models.SPSProfile.from_json(args.profile))
 prior = GatePrior.from_dict(json.load(open(args.gate_prior)))
 ids = [encode_prompt(target.tokenizer, p.text) for p in eval_prompts(None, 4)]

@@ -424,6 +424,29 @@ def test_paired_ratios_are_medians_of_each_repeats_own_ratio():
     assert q["vs_best_other_paired"] == pytest.approx(82 / 83)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_run_order_balances_positions_and_predecessors(n):
+    """The bench's run order (a Williams design), checked by counting: over a full cycle (n repeats
+    for even n, 2n for odd) every scheduler runs equally often at every position and directly after
+    every other one equally often — unlike a rotation, where each keeps the same predecessor."""
+    from collections import Counter
+
+    from dspark.bench.runner import run_order
+
+    cycle = n if n % 2 == 0 else 2 * n
+    rows = [run_order(n, r) for r in range(cycle)]
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    assert set(Counter((pos, s) for row in rows for pos, s in enumerate(row)).values()) == {cycle // n}
+    pairs = Counter((a, b) for row in rows for a, b in zip(row, row[1:]))
+    assert len(pairs) == n * (n - 1) and len(set(pairs.values())) <= 1
+    assert run_order(n, cycle) == rows[0]
+    if n >= 4:  # e.g. six schedulers over three repeats (bench32): not one fixed predecessor
+        preds = {s: {row[row.index(s) - 1] for row in rows[:3] if row.index(s) > 0} for s in range(n)}
+        assert all(len(p) >= 2 for p in preds.values())
+    with pytest.raises(ValueError):
+        run_order(0, 0)
+
+
 def test_ratios_report_each_variant_against_the_other_families():
     """sps-greedy:sunk=true is sps-greedy's variant: each gets its own row, and neither counts as the
     other's competition (the best other here is fixed:k=7 at 90, not the variant at 99)."""

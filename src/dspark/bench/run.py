@@ -254,7 +254,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     import dspark
     from dspark.bench.records import LevelRun, summarise_run
     from dspark.bench.report import aggregate, agreement, bench_markdown, plot_bench, ratios
-    from dspark.bench.runner import parse_scheduler_spec, run_level
+    from dspark.bench.runner import parse_scheduler_spec, run_level, run_order
     from dspark.bench.simulate import TimeModel, fit_time_model, simulate_level, traces_from_rounds
     from dspark.data.prompts import prompt_request
     from dspark.engine import encode_prompt
@@ -315,8 +315,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         bar = tqdm(total=sum(_requests_at(opts, c) for _, c, _ in todo), desc="bench (requests)", disable=opts.quiet)
         for rep in range(opts.repeats):
             for c in opts.concurrency:
-                order = specs[rep % len(specs):] + specs[: rep % len(specs)]  # rotate: fair under drift
-                for s in order:
+                for s in (specs[i] for i in run_order(len(specs), rep)):  # a Williams design
                     path = out / "runs" / f"r{rep}-c{c}-{_slug(s.label)}.json"
                     n = _requests_at(opts, c)
                     if path.is_file() and not opts.fresh:  # resumable
