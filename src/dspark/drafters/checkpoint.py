@@ -74,7 +74,7 @@ def from_pretrained(path: str | Path, target: Any = None, draft_vocab: int | Non
 
     path = locate(path)
     if not Path(path).exists():
-        raise CheckpointError(f"{path} is neither a checkpoint folder nor a shipped drafter "
+        raise CheckpointError(f"{path} does not exist: neither a checkpoint folder nor a shipped drafter "
                               f"(shipped: {', '.join(shipped()) or 'none'})")
     drafter = formats.build(formats.read(path), target)
     if draft_vocab is None:
