@@ -76,10 +76,10 @@ def run_order(n: int, repeat: int) -> list[int]:
     """The order in which repeat ``repeat`` runs n schedulers: a row of a Williams design. For even
     n, over n repeats each scheduler runs once at every position (fair under slow drift, as a
     rotation is) and directly after every other scheduler exactly once; for odd n the same holds
-    over 2n repeats (each row followed by its mirror image). A rotation keeps
-    each scheduler's predecessor fixed, so whatever a run leaves behind (a heavy drafting run's heap,
-    a warm cache) biased the same ratio in every repeat: in bench32 sps-greedy ran right after
-    threshold (the largest verification batches) in all three repeats."""
+    over 2n repeats (each row followed by its mirror image). A rotation keeps each scheduler's
+    predecessor fixed, so whatever a run leaves behind (a heavy drafting run's heap, a warm cache)
+    would bias the same ratio in every repeat: in bench32 sps-greedy ran right after threshold (the
+    largest verification batches) in all three repeats (docs/serving.md)."""
     if n < 1:
         raise ValueError(f"need at least one scheduler, got {n}")
     base = [0]  # 0, 1, n-1, 2, n-2, ...: consecutive differences all distinct mod n (even n)
