@@ -73,9 +73,9 @@ def ratios(rows: Sequence[dict[str, Any]], focus: str = "sps-greedy", baseline: 
     for sim in sorted({r["simulated"] for r in rows}):
         for c in sorted({r["concurrency"] for r in rows if r["simulated"] == sim}):
             at = {r["scheduler"]: r["throughput_tok_s"] for r in rows if r["concurrency"] == c and r["simulated"] == sim}
+            others = {k: v for k, v in at.items() if _family(k) != _family(focus)}
+            best = max(others, key=others.get) if others else None
             for name in sorted(k for k in at if _family(k) == _family(focus)):
-                others = {k: v for k, v in at.items() if _family(k) != _family(focus)}
-                best = max(others, key=others.get) if others else None
                 out.append({"concurrency": c, "simulated": sim, "focus": name,
                             "vs_plain": at[name] / at[baseline] if baseline in at else math.nan,
                             "best_other": best, "vs_best_other": at[name] / others[best] if best else math.nan})
@@ -127,7 +127,7 @@ def bench_markdown(result: dict[str, Any]) -> str:
                   "paired / plain | paired / best other |", "|---|---|---|---|---|---|---|---|"]
         for q in result["ratios"]:
             lines.append(f"| {q['concurrency']} | {'simulated' if q['simulated'] else 'measured'} | "
-                         f"{q.get('focus', 'sps-greedy')} | "
+                         f"{q['focus']} | "
                          f"{_f(q['vs_plain'], 3)} | {q['best_other']} | {_f(q['vs_best_other'], 3)} | "
                          f"{_f(q.get('vs_plain_paired', math.nan), 3)} | {_f(q.get('vs_best_other_paired', math.nan), 3)} |")
         lines.append("")

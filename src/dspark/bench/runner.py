@@ -82,14 +82,8 @@ def run_order(n: int, repeat: int) -> list[int]:
     largest verification batches) in all three repeats (docs/serving.md)."""
     if n < 1:
         raise ValueError(f"need at least one scheduler, got {n}")
-    base = [0]  # 0, 1, n-1, 2, n-2, ...: consecutive differences all distinct mod n (even n)
-    lo, hi = 1, n - 1
-    while len(base) < n:
-        base.append(lo)
-        lo += 1
-        if len(base) < n:
-            base.append(hi)
-            hi -= 1
+    # 0, 1, n-1, 2, n-2, ...: consecutive differences all distinct mod n (even n)
+    base = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
     if n % 2 == 0:
         return [(b + repeat) % n for b in base]
     row = [(b + repeat // 2) % n for b in base]
