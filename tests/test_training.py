@@ -334,6 +334,67 @@ def test_feature_cache_equals_online_teacher(model, tmp_path):
     assert len(build_feature_cache(model, seqs, tmp_path, [1, 3, 4], shard_size=2, progress=False)) == 5
 
 
+def _cache_bytes(root):
+    return {f.name: f.read_bytes() for f in sorted(root.glob("shard-*.safetensors"))}
+
+
+def test_feature_cache_grows_with_its_data(model, tmp_path, monkeypatch):
+    """Appended sequences reuse the unchanged leading shards (counted by the teacher forwards run);
+    the grown cache equals one built from scratch; a hard-linked copy grows without touching the
+    original; a cache sharing no shard with the data is refused, not overwritten."""
+    from dspark.training import teacher as tm
+
+    seqs, _ = tiny_data(7)
+    first = tmp_path / "first"
+    tm.build_feature_cache(model, seqs[:5], first, [1, 3], batch_size=1, shard_size=2, progress=False)
+    before = _cache_bytes(first)
+    grown = tmp_path / "grown"  # a copy of the prefix cache by hard links (cp -al), then grown
+    grown.mkdir()
+    for f in first.iterdir():
+        os.link(f, grown / f.name)
+    ran = []
+    real = tm.teacher_forward
+    monkeypatch.setattr(tm, "teacher_forward", lambda m, s, *a, **k: ran.extend(s) or real(m, s, *a, **k))
+    cache = tm.build_feature_cache(model, seqs, grown, [1, 3], batch_size=1, shard_size=2, progress=False)
+    assert sorted(ran) == sorted(seqs[4:]), "shards 0-1 (sequences 0-3) are unchanged and must be kept"
+    assert _cache_bytes(first) == before and len(tm.FeatureCache(first)) == 5, "the original cache changed"
+    fresh = tm.build_feature_cache(model, seqs, tmp_path / "fresh", [1, 3], batch_size=1, shard_size=2,
+                                   progress=False)
+    assert len(cache) == len(fresh) == 7
+    for i in range(7):
+        a, b = cache.get(i, [3, 1]), fresh.get(i, [3, 1])
+        assert torch.equal(a.feats, b.feats) and torch.equal(a.last_hidden, b.last_hidden)
+    # an edit in the middle keeps the shards before it
+    ran.clear()
+    edited = [*seqs[:2], [*seqs[2][:-1], (seqs[2][-1] + 1) % V], *seqs[3:]]
+    tm.build_feature_cache(model, edited, grown, [1, 3], batch_size=1, shard_size=2, progress=False)
+    assert sorted(ran) == sorted(edited[2:])
+    # other data: refused, and the cache is left as it was
+    ran.clear()
+    kept = _cache_bytes(grown)
+    with pytest.raises(ValueError, match="no shard of it holds these sequences"):
+        tm.build_feature_cache(model, seqs[::-1], grown, [1, 3], batch_size=1, shard_size=2, progress=False)
+    assert ran == [] and _cache_bytes(grown) == kept and not list(grown.glob("*.tmp"))
+
+
+def test_feature_cache_written_before_digests_grows_when_its_lengths_match(model, tmp_path):
+    """A cache without shard digests is recognised as a prefix by its sequence and token counts and
+    each shard's stored lengths; the digests are then recorded. Other lengths: refused."""
+    from dspark.training.teacher import build_feature_cache
+
+    seqs, _ = tiny_data(7)
+    build_feature_cache(model, seqs[:5], tmp_path, [1, 3], batch_size=2, shard_size=2, progress=False)
+    meta = json.loads((tmp_path / "cache.json").read_text())
+    legacy = {k: v for k, v in meta.items() if k != "shard_digests"}
+    (tmp_path / "cache.json").write_text(json.dumps(legacy))
+    longer = [seqs[0], [*seqs[1], 5], *seqs[2:]]  # sequence 1 has another length
+    with pytest.raises(ValueError, match="no shard of it holds these sequences"):
+        build_feature_cache(model, longer, tmp_path, [1, 3], batch_size=2, shard_size=2, progress=False)
+    assert len(build_feature_cache(model, seqs, tmp_path, [1, 3], batch_size=2, shard_size=2, progress=False)) == 7
+    meta = json.loads((tmp_path / "cache.json").read_text())
+    assert meta["num_sequences"] == 7 and meta["complete_shards"] == 4 and len(meta["shard_digests"]) == 4
+
+
 def test_full_teacher_with_a_reduced_vocabulary_reads_only_the_draft_rows(model):
     """With the cached full-vocabulary normaliser the step multiplies only the V_d draft rows of
     the LM head; the probabilities (and the mass outside the draft vocabulary) are the same."""

@@ -23,12 +23,18 @@ Online mode runs the target forward inside the training step (no cache, any data
 reference needs ~38 TB to cache this for its full runs). The cache (safetensors shards, fp16
 features / hidden states) is for small runs where several drafters train on the same data: it is
 built once, resumably, shard by shard. ``cache.json`` records the teacher form; a cache written
-before the form was recorded is a top-k cache and keeps loading as one.
+before the form was recorded is a top-k cache and keeps loading as one. It also records a digest of
+each shard's token ids, so a cache grows with its data: when sequences are appended to the data
+(or a cache of a prefix of the data is copied to a new folder), the leading shards whose sequences
+are unchanged are kept and only the rest are computed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -156,6 +162,36 @@ class FeatureCache:
         return TeacherRow(f, None, rest[0].long(), rest[1].float())
 
 
+def _shard_digest(seqs: Sequence[Sequence[int]]) -> str:
+    """sha256 of a shard's sequences (each: its length, then its ids as int64)."""
+    import numpy as np
+
+    h = hashlib.sha256()
+    for s in seqs:
+        h.update(np.asarray([len(s), *s], dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def _legacy_digests(root: Path, meta: dict[str, Any], seqs: Sequence[Sequence[int]], shard_size: int) -> list[str]:
+    """Digests for the complete shards of a cache written before digests were recorded, for the
+    leading shards whose stored sequence lengths (the shard's offsets) equal those of ``seqs``,
+    and only when the cache's sequence and token counts are those of a prefix of ``seqs``."""
+    from safetensors import safe_open
+
+    n0, done = int(meta["num_sequences"]), int(meta["complete_shards"])
+    if n0 > len(seqs) or int(meta["tokens"]) != sum(len(s) for s in seqs[:n0]):
+        return []
+    out = []
+    for shard in range(done):
+        lo, hi = shard * shard_size, min(n0, (shard + 1) * shard_size)
+        with safe_open(str(root / f"shard-{shard:05d}.safetensors"), "pt") as f:
+            lengths = f.get_tensor("offsets").diff().tolist()
+        if lengths != [len(s) for s in seqs[lo:hi]]:
+            break
+        out.append(_shard_digest(seqs[lo:hi]))
+    return out
+
+
 def build_feature_cache(
     model: Any,
     seqs: Sequence[Sequence[int]],
@@ -170,7 +206,13 @@ def build_feature_cache(
 ) -> FeatureCache:
     """Run the teacher over ``seqs`` and write shards of ``shard_size`` sequences; an interrupted
     build resumes at the first incomplete shard. Sequences are processed longest-first within a
-    shard (less padding). ``top_k`` is used (and recorded) only for ``teacher="topk"``."""
+    shard (less padding). ``top_k`` is used (and recorded) only for ``teacher="topk"``.
+
+    A cache of other sequences with the same settings keeps its leading shards whose sequences
+    are unchanged (appended data: all shards but a partial last one) and recomputes the rest; one
+    sharing no shard with ``seqs`` is refused rather than overwritten. A shard is written to a
+    temporary file and renamed, so an interruption never leaves a torn shard (and a cache whose
+    files are hard links to another's never changes the other)."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
@@ -178,8 +220,10 @@ def build_feature_cache(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     meta_path = root / "cache.json"
-    fingerprint = {"layer_ids": list(layer_ids), "teacher": teacher, "top_k": top_k if teacher == "topk" else None,
-                   "num_sequences": len(seqs), "shard_size": shard_size, "tokens": sum(len(s) for s in seqs)}
+    settings = {"layer_ids": list(layer_ids), "teacher": teacher, "top_k": top_k if teacher == "topk" else None,
+                "shard_size": shard_size}
+    n_shards = (len(seqs) + shard_size - 1) // shard_size
+    digests = [_shard_digest(seqs[i * shard_size : (i + 1) * shard_size]) for i in range(n_shards)]
     done = 0
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
@@ -187,10 +231,28 @@ def build_feature_cache(
         if meta["teacher"] != teacher:
             raise ValueError(f"{root} holds a feature cache for the {meta['teacher']!r} teacher, not {teacher!r}; "
                              "use another folder (--feature-cache) or --teacher " + meta["teacher"])
-        if {k: meta.get(k) for k in fingerprint} != fingerprint:
+        if {k: meta.get(k) for k in settings} != settings:
             raise ValueError(f"{root} holds a feature cache for other data or settings; use another folder")
-        done = int(meta["complete_shards"])
-    n_shards = (len(seqs) + shard_size - 1) // shard_size
+        stored = meta.get("shard_digests")
+        if stored is None:  # written before digests were recorded
+            stored = _legacy_digests(root, meta, seqs, shard_size)
+        stored = stored[: int(meta["complete_shards"])]
+        done = next((i for i, (a, b) in enumerate(zip(stored, digests)) if a != b), min(len(stored), n_shards))
+        if done == 0 and int(meta["complete_shards"]) > 0:
+            raise ValueError(f"{root} holds a feature cache for other data or settings (no shard of it holds "
+                             "these sequences); use another folder")
+        if done < int(meta["complete_shards"]) and progress:
+            print(f"{root}: keeping {done} of {meta['complete_shards']} cached shards; the data changed after "
+                  f"sequence {done * shard_size}", file=sys.stderr)
+
+    def write_meta(complete: int) -> None:
+        meta = {**settings, "num_sequences": len(seqs), "tokens": sum(len(s) for s in seqs),
+                "complete_shards": complete, "shard_digests": digests[:complete]}
+        tmp = meta_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta) + "\n")
+        os.replace(tmp, meta_path)
+
+    write_meta(done)
     with tqdm(total=len(seqs), initial=min(done * shard_size, len(seqs)), desc="teacher features",
               unit="seq", disable=not progress) as bar:
         for shard in range(done, n_shards):
@@ -211,6 +273,8 @@ def build_feature_cache(
             else:
                 tensors["top_ids"] = torch.cat([rows[i].top_ids for i in chunk]).int().contiguous()
                 tensors["top_logp"] = torch.cat([rows[i].top_logp for i in chunk]).half().contiguous()
-            save_file(tensors, str(root / f"shard-{shard:05d}.safetensors"))
-            meta_path.write_text(json.dumps({**fingerprint, "complete_shards": shard + 1}) + "\n")
+            path = root / f"shard-{shard:05d}.safetensors"
+            save_file(tensors, str(path.with_suffix(".tmp")))
+            os.replace(path.with_suffix(".tmp"), path)
+            write_meta(shard + 1)
     return FeatureCache(root)
