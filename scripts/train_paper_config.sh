@@ -129,9 +129,13 @@ if want dspark-5l-xl; then continue_run dspark-5l-xl dspark-5l-long "$XL_STEPS" 
 if opted dspark-5l-xxl; then continue_run dspark-5l-xxl dspark-5l-xl "$XXL_STEPS" "$XXL_LR" 3; fi
 
 # 3d. dspark-5l-x3: dspark-5l-xl continued by X3_STEPS on DATA3 (step 1b's three times the data; its
-#     own teacher cache). Opt-in (ONLY must name it)
+#     own teacher cache). Opt-in (ONLY must name it). DATA3's first sequences are DATA's, so its cache
+#     starts as hard links to DATA's (cp -al: no copy, and shards are replaced by rename, never
+#     rewritten in place); the build keeps the unchanged shards and computes only the new ones
 X3_STEPS=${X3_STEPS:-4000}
 if opted dspark-5l-x3; then
+  [ -e "$DATA3/features-full-bf16" ] || [ ! -f "$DATA/features-full-bf16/cache.json" ] || \
+    cp -al "$DATA/features-full-bf16" "$DATA3/features-full-bf16"
   continue_run dspark-5l-x3 dspark-5l-xl "$X3_STEPS" "$XL_LR" 4 --data "$DATA3" --feature-cache "$DATA3/features-full-bf16"
 fi
 
