@@ -69,19 +69,20 @@ if [ ! -f "$DATA/.complete" ]; then
   touch "$DATA/.complete"
 fi
 
-# 1b. three times the data (opt-in: ONLY names data3m or dspark-5l-x3). dspark-5l-xxl showed the
-#     shipped lineage overfits DATA's 1 M tokens (training τ 2.59, natural-prompt τ 2.22), so more data
-#     is the lever. DATA's prompts extended by a larger --per-domain (the natural streams are
-#     deterministic, so the training prompts are a superset and the held-out side keeps DATA's held-out
-#     prompts) to DATA3_TOKENS response tokens; DATA's responses are copied, not regenerated
-DATA3=${DATA3:-$RUNS/data3m}
-DATA3_TOKENS=${DATA3_TOKENS:-3000000}
-if { opted data3m || opted dspark-5l-x3; } && [ ! -f "$DATA3/.complete" ]; then
-  mkdir -p "$DATA3"
-  [ -f "$DATA3/train.jsonl" ] || cp "$DATA/train.jsonl" "$DATA3/train.jsonl"
-  dspark data --source natural --followups-from "$TEMPLATED/train.jsonl" --out "$DATA3" --per-domain 9000 \
-    --max-new-tokens 256 --concurrency 48 --dtype bfloat16 --max-tokens "$DATA3_TOKENS"
-  touch "$DATA3/.complete"
+# 1b. more data (opt-in: ONLY names data15 or dspark-5l-d15). dspark-5l-xxl showed the shipped
+#     lineage overfits DATA's 1 M tokens (training τ 2.59, natural-prompt τ 2.22), so more data is the
+#     lever. DATA's prompts extended by a larger --per-domain (the natural streams are deterministic,
+#     so the training prompts are a superset and the held-out side keeps DATA's held-out prompts) to
+#     DATA15_TOKENS response tokens (1.5 M: what one 2-core session generates beside its training);
+#     DATA's responses are copied, not regenerated
+DATA15=${DATA15:-$RUNS/data15}
+DATA15_TOKENS=${DATA15_TOKENS:-1500000}
+if { opted data15 || opted dspark-5l-d15; } && [ ! -f "$DATA15/.complete" ]; then
+  mkdir -p "$DATA15"
+  [ -f "$DATA15/train.jsonl" ] || cp "$DATA/train.jsonl" "$DATA15/train.jsonl"
+  dspark data --source natural --followups-from "$TEMPLATED/train.jsonl" --out "$DATA15" --per-domain 9000 \
+    --max-new-tokens 256 --concurrency 48 --dtype bfloat16 --max-tokens "$DATA15_TOKENS"
+  touch "$DATA15/.complete"
 fi
 
 # 2. the equal-budget drafters (the first run builds the full-vocabulary teacher cache)
@@ -128,15 +129,15 @@ if want dspark-5l-xl; then continue_run dspark-5l-xl dspark-5l-long "$XL_STEPS" 
 #     so it is not shipped (docs/results.md, "Trained further")
 if opted dspark-5l-xxl; then continue_run dspark-5l-xxl dspark-5l-xl "$XXL_STEPS" "$XXL_LR" 3; fi
 
-# 3d. dspark-5l-x3: dspark-5l-xl continued by X3_STEPS on DATA3 (step 1b's three times the data; its
-#     own teacher cache). Opt-in (ONLY must name it). DATA3's first sequences are DATA's, so its cache
+# 3d. dspark-5l-d15: dspark-5l-xl continued by D15_STEPS on DATA15 (step 1b's 1.5 M tokens, its own
+#     teacher cache). Opt-in (ONLY must name it). DATA15's first sequences are DATA's, so its cache
 #     starts as hard links to DATA's (cp -al: no copy, and shards are replaced by rename, never
 #     rewritten in place); the build keeps the unchanged shards and computes only the new ones
-X3_STEPS=${X3_STEPS:-4000}
-if opted dspark-5l-x3; then
-  [ -e "$DATA3/features-full-bf16" ] || [ ! -f "$DATA/features-full-bf16/cache.json" ] || \
-    cp -al "$DATA/features-full-bf16" "$DATA3/features-full-bf16"
-  continue_run dspark-5l-x3 dspark-5l-xl "$X3_STEPS" "$XL_LR" 4 --data "$DATA3" --feature-cache "$DATA3/features-full-bf16"
+D15_STEPS=${D15_STEPS:-2000}
+if opted dspark-5l-d15; then
+  [ -e "$DATA15/features-full-bf16" ] || [ ! -f "$DATA/features-full-bf16/cache.json" ] || \
+    cp -al "$DATA/features-full-bf16" "$DATA15/features-full-bf16"
+  continue_run dspark-5l-d15 dspark-5l-xl "$D15_STEPS" "$XL_LR" 4 --data "$DATA15" --feature-cache "$DATA15/features-full-bf16"
 fi
 
 # 4. calibration on held-out prompts (never trained on) minus the shipped natural eval set, which is
@@ -152,11 +153,11 @@ open(out + ".tmp", "w", encoding="utf-8").writelines(rows)
 __import__("os").replace(out + ".tmp", out)
 print(f"{out}: {len(rows)} held-out prompts, the {len(taken)} of the shipped eval set left out", file=sys.stderr)
 PY
-for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl dspark-5l-xxl dspark-5l-x3; do
+for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl dspark-5l-xxl dspark-5l-d15; do
   want "$name" || continue
   ck="$RUNS/$name/checkpoint"
-  # the shipped lineage (xl, xxl, x3) calibrates on every held-out prompt: >= 11,000 rounds per position
-  more=(); [[ $name == dspark-5l-x* ]] && more=(--per-domain 230 --skip 0)
+  # the shipped lineage (xl, xxl, d15) calibrates on every held-out prompt: >= 11,000 rounds per position
+  more=(); [[ $name == dspark-5l-x* || $name == dspark-5l-d15 ]] && more=(--per-domain 230 --skip 0)
   [ -f "$ck/config.json" ] && [ ! -f "$ck/calibration.json" ] && \
     dspark calibrate "$ck" --prompts "$CAL_PROMPTS" --dtype bfloat16 --quiet "${more[@]}"
 done
