@@ -134,10 +134,11 @@ if opted dspark-5l-xxl; then continue_run dspark-5l-xxl dspark-5l-xl "$XXL_STEPS
 #     starts as hard links to DATA's (cp -al: no copy, and shards are replaced by rename, never
 #     rewritten in place); the build keeps the unchanged shards and computes only the new ones
 D15_STEPS=${D15_STEPS:-2000}
+D15_LR=${D15_LR:-3e-4}               # as xxl's: xl's first 500 steps at 5e-4 lost τ, too much of a 2,000-step run
 if opted dspark-5l-d15; then
   [ -e "$DATA15/features-full-bf16" ] || [ ! -f "$DATA/features-full-bf16/cache.json" ] || \
     cp -al "$DATA/features-full-bf16" "$DATA15/features-full-bf16"
-  continue_run dspark-5l-d15 dspark-5l-xl "$D15_STEPS" "$XL_LR" 4 --data "$DATA15" --feature-cache "$DATA15/features-full-bf16"
+  continue_run dspark-5l-d15 dspark-5l-xl "$D15_STEPS" "$D15_LR" 4 --data "$DATA15" --feature-cache "$DATA15/features-full-bf16"
 fi
 
 # 4. calibration on held-out prompts (never trained on) minus the shipped natural eval set, which is
