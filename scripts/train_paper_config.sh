@@ -133,8 +133,8 @@ if opted dspark-5l-xxl; then continue_run dspark-5l-xxl dspark-5l-xl "$XXL_STEPS
 #     teacher cache). Opt-in (ONLY must name it). DATA15's first sequences are DATA's, so its cache
 #     starts as hard links to DATA's (cp -al: no copy, and shards are replaced by rename, never
 #     rewritten in place); the build keeps the unchanged shards and computes only the new ones
-D15_STEPS=${D15_STEPS:-2000}
-D15_LR=${D15_LR:-3e-4}               # as xxl's: xl's first 500 steps at 5e-4 lost τ, too much of a 2,000-step run
+D15_STEPS=${D15_STEPS:-1600}
+D15_LR=${D15_LR:-3e-4}               # as xxl's: xl's first 500 steps at 5e-4 lost τ, too much of a 1,600-step run
 if opted dspark-5l-d15; then
   [ -e "$DATA15/features-full-bf16" ] || [ ! -f "$DATA/features-full-bf16/cache.json" ] || \
     cp -al "$DATA/features-full-bf16" "$DATA15/features-full-bf16"
