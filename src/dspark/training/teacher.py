@@ -242,8 +242,8 @@ def build_feature_cache(
             raise ValueError(f"{root} holds a feature cache for other data or settings (no shard of it holds "
                              "these sequences); use another folder")
         if done < int(meta["complete_shards"]) and progress:
-            print(f"{root}: keeping {done} of {meta['complete_shards']} cached shards; the data changed after "
-                  f"sequence {done * shard_size}", file=sys.stderr)
+            print(f"{root}: keeping {done} of {meta['complete_shards']} cached shards; computing from sequence "
+                  f"{done * shard_size} on (the sequences there were appended to or changed)", file=sys.stderr)
 
     def write_meta(complete: int) -> None:
         meta = {**settings, "num_sequences": len(seqs), "tokens": sum(len(s) for s in seqs),
