@@ -77,12 +77,15 @@ fi
 #     DATA's responses are copied, not regenerated
 DATA15=${DATA15:-$RUNS/data15}
 DATA15_TOKENS=${DATA15_TOKENS:-1500000}
-if { opted data15 || opted dspark-5l-d15; } && [ ! -f "$DATA15/.complete" ]; then
-  mkdir -p "$DATA15"
-  [ -f "$DATA15/train.jsonl" ] || cp "$DATA/train.jsonl" "$DATA15/train.jsonl"
-  dspark data --source natural --followups-from "$TEMPLATED/train.jsonl" --out "$DATA15" --per-domain 9000 \
-    --max-new-tokens 256 --concurrency 48 --dtype bfloat16 --max-tokens "$DATA15_TOKENS"
-  touch "$DATA15/.complete"
+if opted data15 || opted dspark-5l-d15; then
+  unpack natural15 "$DATA15"  # committed 2026-12-03 (data/smollm2-135m/README.md)
+  if [ ! -f "$DATA15/.complete" ]; then
+    mkdir -p "$DATA15"
+    [ -f "$DATA15/train.jsonl" ] || cp "$DATA/train.jsonl" "$DATA15/train.jsonl"
+    dspark data --source natural --followups-from "$TEMPLATED/train.jsonl" --out "$DATA15" --per-domain 9000 \
+      --max-new-tokens 256 --concurrency 48 --dtype bfloat16 --max-tokens "$DATA15_TOKENS"
+    touch "$DATA15/.complete"
+  fi
 fi
 
 # 2. the equal-budget drafters (the first run builds the full-vocabulary teacher cache)
