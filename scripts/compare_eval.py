@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark.evaluation_runs import rounds_path
+
 
 def per_prompt_tau(rounds_file: Path) -> tuple[dict[int, float], dict[int, str]]:
     """{prompt index: τ}, {prompt index: domain} from one `dspark eval` rounds file."""
@@ -38,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", default="0.0")
     ap.add_argument("--resamples", type=int, default=10_000)
     args = ap.parse_args(argv)
-    t = float(args.temperature)
-    files = {x: args.eval_dir / "rounds" / f"{x}-T{t}.json" for x in (args.a, args.b)}
+    files = {x: rounds_path(args.eval_dir, x, float(args.temperature)) for x in (args.a, args.b)}
     missing = [str(f) for f in files.values() if not f.is_file()]
     if missing:
         print(f"no rounds file {', '.join(missing)} (labels and temperature as `dspark eval` wrote them)",

@@ -3,6 +3,7 @@ key and no prompt text of src/dspark/data/natural_eval.jsonl is among an archive
 
 from __future__ import annotations
 
+import functools
 import json
 import tarfile
 from pathlib import Path
@@ -13,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARCHIVES = sorted((ROOT / "data" / "smollm2-135m").glob("natural*.tar.xz"))
 
 
+@functools.cache  # each archive is decompressed once for all the tests here
 def _train_rows(archive: Path) -> list[dict]:
     with tarfile.open(archive) as tar:
         f = tar.extractfile("train.jsonl")

@@ -25,10 +25,15 @@ from dspark.options import (
 
 __all__ = [
     "CalibrateOptions", "CalibrateResult", "EvalOptions", "EvalResult", "calibrate", "eval_markdown", "eval_prompts",
-    "evaluate", "load_drafter_spec", "plot_acceptance", "print_calibration",
+    "evaluate", "load_drafter_spec", "plot_acceptance", "print_calibration", "rounds_path",
 ]
 
 THRESHOLDS = [round(0.05 * i, 2) for i in range(1, 20)]
+
+
+def rounds_path(out: str | Path, label: str, temperature: float) -> Path:
+    """Where ``dspark eval --out OUT`` keeps one drafter's rounds at one temperature."""
+    return Path(out) / "rounds" / f"{label}-T{float(temperature)}.json"
 
 
 def eval_prompts(path: str | None, per_domain: int, skip: int = 0) -> list[Any]:
@@ -393,7 +398,7 @@ def evaluate(options: EvalOptions | None = None, /, **overrides: Any) -> EvalRes
     out.mkdir(parents=True, exist_ok=True)  # only once the drafters loaded: a failure leaves no empty folder
     for temp in opts.temperatures:
         for label, drafter, cal in drafters:
-            cache = out / "rounds" / f"{label}-T{temp}.json"
+            cache = rounds_path(out, label, temp)
             if cache.is_file() and not opts.fresh:  # resumable: finished runs are not redone
                 import json
 
