@@ -39,7 +39,7 @@ def test_profile_with_contexts_round_trips_and_old_profiles_are_unchanged():
     ({"contexts": [{"context": 256, "points": FLAT20}]}, "contexts needs context"),
     ({"context": 64, "contexts": [{"context": 64, "points": FLAT20}]}, "measured twice"),
     ({"context": -1}, "context must be an integer >= 0"),
-    ({"context": 64, "contexts": [{"context": 128}]}, r"contexts\[0\] must be \{context, points\}"),
+    ({"context": 64, "contexts": [{"context": 128}]}, r"contexts\[0\] must be \{context, points, batch_overhead\?\}"),
     ({"context": 64, "contexts": [{"context": 128, "points": []}]}, r"contexts\[0\]: points must hold"),
 ])
 def test_bad_context_fields_are_one_sentence(bad, match):
@@ -224,7 +224,7 @@ def test_profile_from_shapes_keeps_a_curve_per_timed_context():
 
     times = {(ctx, R, w): t(ctx, R, w) for ctx in (128, 512, 1024) for R in (1, 2, 4) for w in (1, 2, 4)}
     prof = profile_from_shapes(times, model="tiny", dtype="float32", device="test", repeats=1)
-    assert prof.context == 128 and [c for c, _ in prof.contexts] == [512, 1024]
+    assert prof.context == 128 and [c for c, *_ in prof.contexts] == [512, 1024]
     cm = SPSTableCostModel(prof)
     for (ctx, R, w), want in times.items():
         got = cm.at_context(ctx).step_seconds(torch.tensor([R * w])).item() + cm.batch_overhead_seconds(R)
@@ -250,3 +250,38 @@ def test_bench_sim_target_takes_the_shapes_parameters_and_kv_bytes():
         BenchOptions(sim_cost_model="h200", sim_target="gpt-9")
     with pytest.raises(ValueError, match="--sim-target needs a roofline preset"):
         BenchOptions(sim_target="llama-3.1-8b")
+
+
+def test_each_timed_context_gets_its_own_request_overhead():
+    """Shapes with a KV read per request, t ∋ k·R·context: one α(R) (the main context's) would misread
+    every other context; each context's own split reproduces every shape there, between curves
+    the bound model is linear in the context, and the JSON form keeps the per-context α."""
+    from dspark.profiling import profile_from_shapes
+
+    def t(ctx, R, w):
+        B = R * w
+        return 0.01 + 0.002 * (R - 1) + 0.0005 * B + 1e-6 * ctx * B + 2e-5 * R * ctx
+
+    times = {(ctx, R, w): t(ctx, R, w) for ctx in (128, 512, 1024) for R in (1, 2, 4) for w in (1, 2, 4)}
+    prof = profile_from_shapes(times, model="tiny", dtype="float32", device="test", repeats=1)
+    assert all(alpha for _, _, alpha in prof.contexts)
+    cm = SPSTableCostModel(prof)
+    for (ctx, R, w), want in times.items():
+        bound = cm.at_context(ctx)
+        got = bound.step_seconds(torch.tensor([R * w])).item() + bound.batch_overhead_seconds(R)
+        assert got == pytest.approx(want, rel=1e-6), (ctx, R, w)
+    mid = cm.at_context(768)
+    assert (mid.step_seconds(torch.tensor([8])).item() + mid.batch_overhead_seconds(2)
+            == pytest.approx(t(768, 2, 4), rel=1e-6))
+    again = SPSProfile.from_json(prof.to_dict())
+    assert again == prof and "batch_overhead" in prof.to_dict()["contexts"][0]
+
+
+def test_a_curve_without_its_own_overhead_reads_the_main_one():
+    """Profiles written before per-context α (curves only) still load and read the main α(R)."""
+    p = SPSProfile.from_json({"device": "d", "model": "m", "dtype": "f", "date": "x", "accounting": "padded",
+                              "points": FLAT20, "batch_overhead": [{"num_requests": 1, "seconds": 0.0},
+                                                                   {"num_requests": 4, "seconds": 0.003}],
+                              "context": 64, "contexts": [{"context": 256, "points": FLAT20}]})
+    assert [a for _, a in p.overhead_curves()] == [((1, 0.0), (4, 0.003))] * 2
+    assert SPSTableCostModel(p).at_context(256).batch_overhead_seconds(4) == pytest.approx(0.003)

@@ -91,8 +91,17 @@ def test_extrapolate_linear_continues_last_slope():
 
 
 def test_extrapolate_linear_never_below_last_time():
-    model = SPSTableCostModel.from_points({1: 0.05, 8: 0.09, 16: 0.08})
+    model = SPSTableCostModel.from_points({1: 0.05, 8: 0.09, 16: 0.08}, fit="none")
     torch.testing.assert_close(model.step_seconds(_b(32, 1000)), _b(0.08, 0.08))
+
+
+def test_a_falling_table_is_read_as_its_monotone_fit_by_default():
+    """B = 16 timed faster than B = 8 is noise: the default fit pools the two to their mean (the
+    least-squares non-decreasing curve); fit="none" reads the points as measured."""
+    model = SPSTableCostModel.from_points({1: 0.05, 8: 0.09, 16: 0.08})
+    torch.testing.assert_close(model.step_seconds(_b(1, 8, 12, 16, 32)), _b(0.05, 0.085, 0.085, 0.085, 0.085))
+    raw = SPSTableCostModel.from_points({1: 0.05, 8: 0.09, 16: 0.08}, fit="none")
+    torch.testing.assert_close(raw.step_seconds(_b(8, 12)), _b(0.09, 0.085))
 
 
 def test_extrapolate_linear_with_one_point_is_flat():

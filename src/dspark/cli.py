@@ -507,12 +507,12 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    "drafting overhead timed at each level; cached in OUT/gate_prior.json), a JSON path, or 'none'")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--repeats", type=int, default=3, help="measured repeats (medians reported, order rotated)")
+    p.add_argument("--repeats", type=int, default=3, help="measured repeats (medians reported, order balanced by a Williams design)")
     p.add_argument("--profile", help="sps-table profile JSON (default: measured into OUT/profile.json)")
     p.add_argument("--profile-context", type=int, default=0,
                    help="KV length for the measured profile (default: the workload's mean prompt length + "
                    "half of --max-new-tokens, the mean context a request verifies over)")
-    p.add_argument("--profile-repeats", type=int, default=3)
+    p.add_argument("--profile-repeats", type=int, default=5, help="timed sweeps over the profile shapes (median kept)")
     p.add_argument("--mode", default="measure", choices=["measure", "simulate", "both"],
                    help="measure on this machine, simulate from traces, or both (with an agreement table)")
     p.add_argument("--traces", help="acceptance traces: a rounds JSON from dspark eval (OUT/rounds/*.json) or "

@@ -91,23 +91,24 @@ def trtllm_sps_table(profile: Any, shapes: Mapping[tuple[int, int], float] | Non
                      gamma: int | None = None, context: float | None = None) -> dict[str, Any]:
     """An :class:`dspark.cost_models.SPSProfile` (and, when known, its per-shape timings) →
     ``confidence_sps_table_path`` JSON. With shapes: the decomposed encoding (θ, bias, α). With
-    only the profile's points: whole-step times at each B and no overhead fields (TensorRT-LLM
-    reads that as already including the step floor).
+    only the profile's points: whole-step times at each B, as the ``sps-table`` model reads them
+    (its monotone fit), and no overhead fields (TensorRT-LLM reads that as already including the
+    step floor).
 
     ``context``: write the table at that KV context (module docstring). A profile with curves at
     several contexts is then read there (whole-step form: the per-shape timings belong to the
-    profile's main context); a one-curve profile is written as measured, at its own context."""
+    profile's main context); a one-curve profile is written at its own context."""
     from dspark.cost_models import SPSTableCostModel
 
     meta = {"lookup": "interp", "source": "dspark", "device": profile.device, "model": profile.model,
             "dtype": profile.dtype, "date": profile.date, "accounting": profile.accounting,
             "context_tokens": profile.context}
-    points = [(int(b), float(t)) for b, t in profile.points]
+    sizes = [int(b) for b, _ in profile.points]
+    model = SPSTableCostModel(profile)  # its monotone fit, as dspark's own schedulers read it
     if context is not None and len(profile.curves()) > 1:  # read at the serving context, whole-step
-        bound = SPSTableCostModel(profile).at_context(context)
-        sizes = [b for b, _ in points]
-        points = list(zip(sizes, bound.step_seconds(torch.tensor(sizes)).tolist()))
-        meta["context_tokens"], shapes = bound.context, None
+        model = model.at_context(context)
+        meta["context_tokens"], shapes = model.context, None
+    points = list(zip(sizes, model.step_seconds(torch.tensor(sizes)).tolist()))
     if gamma:
         meta["recommended_confidence_verify_len_tiers"] = sorted({1, math.ceil(gamma / 2), gamma})
     if shapes:

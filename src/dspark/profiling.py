@@ -4,10 +4,12 @@
 ``contexts`` tokens of KV cache, the shapes the engine runs (padded batches: B = R · (1 + ℓ)).
 Every shape is timed ``repeats`` times after one warm-up, in sweeps over all shapes in a random
 order (so drift does not bias the shapes measured last), rolling the caches back after every step;
-the median is kept. At the *main* context (the first of ``contexts``) the shapes are split into
-t(R, B) = bias + α(R) + θ(B) (:func:`additive_cost_fit`): the profile's points are bias + θ(B)
-and its ``batch_overhead`` α(R). Every (context, R, 1 + ℓ) median is kept in the shapes file so a
-user can see how much longer contexts cost.
+the median is kept. At each context the shapes are split into t(R, B) = bias + α(R) + θ(B)
+(:func:`additive_cost_fit`): at the *main* context (the first of ``contexts``) the profile's
+points are bias + θ(B) and its ``batch_overhead`` α(R); every other context is a curve with its
+own α(R) (the KV cache read per request grows with the context), or, where its shapes cannot be
+split, the main α(R) subtracted. Every (context, R, 1 + ℓ) median is kept in the shapes file so
+a user can see how much longer contexts cost.
 """
 
 from __future__ import annotations
@@ -188,15 +190,14 @@ def profile_from_shapes(
     (:func:`additive_cost_fit`): points are bias + θ(B), ``batch_overhead`` α(R) — one request
     verifying 8 tokens and 8 requests verifying one each share B = 8 but not their cost. When the
     shapes cannot be split (one R, or R values not linked through a shared B), each B keeps the
-    largest median among the shapes that share it and no overhead is recorded.
+    largest median among the shapes that share it and no overhead is recorded. Every other
+    context is split the same way into a curve and its own α(R) (``contexts``).
     """
     main_ctx = next(iter(times))[0]
     main = {(R, w): s for (ctx, R, w), s in times.items() if ctx == main_ctx}
     overhead: list[tuple[int, float]] = []
     try:
-        bias, alpha, theta = additive_cost_fit(main)
-        points = [(M, max(bias + t, 1e-6)) for M, t in theta.items()]
-        overhead = sorted(alpha.items())
+        points, overhead = _split(main)
         how = "split additively: points = bias + theta(B), batch_overhead = alpha(R)"
     except ProfileFitError:
         by_b: dict[int, float] = {}
@@ -206,8 +207,13 @@ def profile_from_shapes(
         how = "where shapes share B the largest median is kept"
     threads = torch.get_num_threads()
     contexts = sorted({c for c, _, _ in times})
-    others = [(c, _curve_at({(R, w): s for (ctx, R, w), s in times.items() if ctx == c}, overhead))
-              for c in contexts if c != main_ctx]
+    others = []
+    for c in (c for c in contexts if c != main_ctx):
+        shapes = {(R, w): s for (ctx, R, w), s in times.items() if ctx == c}
+        try:  # its own α(R): the KV cache read per request grows with the context
+            others.append((c, *_split(shapes)) if overhead else (c, _curve_at(shapes, overhead), ()))
+        except ProfileFitError:
+            others.append((c, _curve_at(shapes, overhead), ()))
     return SPSProfile(
         device=device, model=model, dtype=dtype, date=time.strftime("%Y-%m-%d"), accounting="padded",
         points=points, threads=threads, batch_overhead=overhead, context=main_ctx, contexts=others,
@@ -217,8 +223,15 @@ def profile_from_shapes(
     )
 
 
+def _split(shapes: Mapping[tuple[int, int], float]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """One context's shapes → (points bias + θ(B), α(R)) by :func:`additive_cost_fit`."""
+    bias, alpha, theta = additive_cost_fit(shapes)
+    return [(M, max(bias + t, 1e-6)) for M, t in theta.items()], sorted(alpha.items())
+
+
 def _curve_at(shapes: Mapping[tuple[int, int], float], overhead: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
-    """The points of another context's curve: each shape's median minus the main context's α(R)
+    """The points of another context's curve when its shapes cannot be split on their own (too few
+    widths timed there): each shape's median minus the main context's α(R)
     (the profile records one α), averaged over the shapes that share B = R · (1 + ℓ); without an
     α, the largest median per B (as the main curve's fallback)."""
     by_b: dict[int, list[float]] = {}

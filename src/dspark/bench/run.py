@@ -73,7 +73,7 @@ class BenchOptions(NamespaceOptions):
     repeats: int = field(default=3, validator=at_least(1))
     profile: str | None = field(default=None, converter=optional_path)
     profile_context: int = field(default=0, validator=at_least(0))
-    profile_repeats: int = field(default=3, validator=at_least(1))
+    profile_repeats: int = field(default=5, validator=at_least(1))
     mode: str = field(default="measure", validator=one_of("measure", "simulate", "both"))
     traces: str | None = field(default=None, converter=optional_path)
     sim_cost_model: str = field(default="profile", validator=one_of("profile", "h200", "h100", "a100"))
@@ -165,11 +165,11 @@ def _measure_profile(target: Any, args: Any, gamma: int, path: Path, context: in
     times = time_shapes(target, requests, widths, [context],
                         repeats=args.profile_repeats, progress=not args.quiet)
     # The workload's requests verify over contexts from their prompt to prompt + max_new_tokens:
-    # time plain and full-block steps at both ends too, so the profile holds a curve per context
+    # time the same shapes at both ends too, so the profile holds a curve and an α(R) per context
     # and the engine and the simulator read each round's step time at its own context.
     others = sorted({c for c in span or () if c != context and 0 < c < target.max_context - gamma - 2})
     if others:
-        times.update(time_shapes(target, requests, sorted({1, gamma + 1}), others,
+        times.update(time_shapes(target, requests, widths, others,
                                  repeats=args.profile_repeats, progress=not args.quiet))
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
                                   repeats=args.profile_repeats, source="dspark bench")

@@ -122,26 +122,33 @@ def _optional_context(_inst: object, _attr: object, value: object) -> None:
         raise ProfileError(f"context must be an integer >= 0 (tokens of KV cache per request) or absent, got {value!r}")
 
 
-def _to_contexts(value: object) -> tuple[tuple[int, tuple[tuple[Any, Any], ...]], ...]:
-    """[{context, points}] (JSON) or [(context, points)] → ((context, points), ...), points parsed."""
+def _to_contexts(value: object) -> tuple[tuple[int, tuple[tuple[Any, Any], ...], tuple[tuple[Any, Any], ...]], ...]:
+    """[{context, points, batch_overhead?}] (JSON), [(context, points)] or [(context, points,
+    batch_overhead)] → ((context, points, batch_overhead), ...), points and overheads parsed
+    (an absent overhead is ())."""
     out = []
     for i, entry in enumerate(value or ()):  # type: ignore[union-attr]
         if isinstance(entry, Mapping):
-            unknown = set(entry) - {"context", "points"}
+            unknown = set(entry) - {"context", "points", "batch_overhead"}
             if unknown or "context" not in entry or "points" not in entry:
-                raise ProfileError(f"contexts[{i}] must be {{context, points}}, got fields {sorted(entry)}")
-            ctx, pts = entry["context"], entry["points"]
+                raise ProfileError(f"contexts[{i}] must be {{context, points, batch_overhead?}}, got fields {sorted(entry)}")
+            ctx, pts, overhead = entry["context"], entry["points"], entry.get("batch_overhead", ())
         else:
             try:
-                ctx, pts = entry
+                ctx, pts, *rest = entry
             except (TypeError, ValueError):
-                raise ProfileError(f"contexts[{i}] must be a (context, points) pair") from None
+                raise ProfileError(f"contexts[{i}] must be a (context, points[, batch_overhead]) tuple") from None
+            if len(rest) > 1:
+                raise ProfileError(f"contexts[{i}] must be a (context, points[, batch_overhead]) tuple")
+            overhead = rest[0] if rest else ()
         try:
             parsed = _to_points(pts)
             _check_points(None, None, parsed)
+            alpha = _to_overhead(overhead)
+            _check_overhead(None, None, alpha)
         except ProfileError as err:
             raise ProfileError(f"contexts[{i}]: {err}") from None
-        out.append((ctx, parsed))
+        out.append((ctx, parsed, alpha))
     return tuple(out)
 
 
@@ -149,7 +156,7 @@ def _check_contexts(inst: Any, _attr: object, value: tuple[tuple[int, Any], ...]
     if value and inst.context is None:
         raise ProfileError("contexts needs context: the KV context per request at which points were measured")
     seen = [] if inst.context is None else [inst.context]
-    for i, (ctx, _pts) in enumerate(value):
+    for i, (ctx, _pts, _alpha) in enumerate(value):
         _optional_context(None, None, ctx)
         if ctx in seen:
             raise ProfileError(f"contexts[{i}].context {ctx} is measured twice")
@@ -204,12 +211,22 @@ class SPSProfile:
     # other contexts: a step over long contexts reads more KV cache (attention). Absent in
     # profiles from before: their one curve is used at every context.
     context: int | None = field(default=None, validator=_optional_context)
-    contexts: tuple[tuple[int, tuple[tuple[int, float], ...]], ...] = field(
+    # Each entry is (context, points, batch_overhead): a curve's own α(R) when its shapes could be
+    # split (`dspark profile` times every context alike); () reads the main ``batch_overhead``.
+    contexts: tuple[tuple[int, tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]], ...] = field(
         default=(), converter=_to_contexts, validator=_check_contexts)
 
     def curves(self) -> tuple[tuple[int | None, tuple[tuple[int, float], ...]], ...]:
         """Every measured curve as (context, points), sorted by context (one curve: its context may be None)."""
-        return tuple(sorted([(self.context, self.points), *self.contexts], key=lambda c: c[0] or 0))
+        return tuple((c, pts) for c, pts, _ in self._sorted())
+
+    def overhead_curves(self) -> tuple[tuple[int | None, tuple[tuple[int, float], ...]], ...]:
+        """α(R) at each curve's context as (context, batch_overhead), in the order of :meth:`curves`
+        (a curve without its own α takes the main ``batch_overhead``)."""
+        return tuple((c, alpha or self.batch_overhead) for c, _, alpha in self._sorted())
+
+    def _sorted(self) -> list[tuple[int | None, Any, Any]]:
+        return sorted([(self.context, self.points, self.batch_overhead), *self.contexts], key=lambda c: c[0] or 0)
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -274,8 +291,10 @@ class SPSProfile:
         if self.context is not None:
             data["context"] = self.context
         if self.contexts:
-            data["contexts"] = [{"context": c, "points": [{"batch_size": b, "step_seconds": t} for b, t in pts]}
-                                for c, pts in self.contexts]
+            data["contexts"] = [
+                {"context": c, "points": [{"batch_size": b, "step_seconds": t} for b, t in pts],
+                 **({"batch_overhead": [{"num_requests": r, "seconds": v} for r, v in alpha]} if alpha else {})}
+                for c, pts, alpha in self.contexts]
         return data
 
     def to_json(self, path: str | os.PathLike[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from importlib.resources.abc import Traversable
@@ -14,12 +15,56 @@ from attrs.validators import in_
 
 from dspark.cost_models.accounting import Accounted, batch_tensor, check_accounting
 from dspark.cost_models.context import context_bucket
+from dspark.cost_models.fit import isotonic, monotone_grid
 from dspark.cost_models.profiles import SPSProfile
 
-__all__ = ["EXTRAPOLATIONS", "INTERPOLATIONS", "SPSTableCostModel", "table_step_seconds"]
+__all__ = ["EXTRAPOLATIONS", "FITS", "INTERPOLATIONS", "SPSTableCostModel", "fitted_curves",
+           "table_step_seconds"]
 
 INTERPOLATIONS = ("linear", "step")
 EXTRAPOLATIONS = ("linear", "clamp", "error")
+FITS = ("monotone", "none")
+
+Curve = tuple[tuple[int, float], ...]
+
+
+def _fit_lines(lines: list[Curve], fit: str) -> list[Curve]:
+    """Curves of (x, y) points (ascending x), one per context (ascending) → the same curves, made
+    monotone in x and, where every curve shares its x, across contexts (:mod:`dspark.cost_models.fit`)."""
+    if fit == "none" or not any(lines):
+        return lines
+    xs = [tuple(x for x, _ in line) for line in lines]
+    if all(x == xs[0] for x in xs):
+        Y = monotone_grid(np.array([[y for _, y in line] for line in lines]))  # [C, P]
+        return [tuple(zip(xs[0], row.tolist())) for row in Y]
+    return [tuple(zip(x, isotonic(np.array([y for _, y in line])).tolist())) if line else line
+            for x, line in zip(xs, lines)]
+
+
+@functools.lru_cache(maxsize=64)
+def fitted_curves(profile: SPSProfile, fit: str = "monotone") -> tuple[tuple[float | None, Curve, Curve], ...]:
+    """(context, step-time points, α(R) points) per curve of ``profile``, sorted by context, as the
+    ``sps-table`` model reads them. ``fit="monotone"``: the least-squares fit that never falls as
+    B, R or the context grows (measured medians on a busy CPU do, by ±5–20 %, and a scheduler that
+    believes them verifies too little); ``"none"``: as measured."""
+    curves = profile.curves()
+    alphas = [alpha for _, alpha in profile.overhead_curves()]
+    points = _fit_lines([pts for _, pts in curves], fit)
+    # α(1) is 0 by construction; fit the measured R values only
+    alphas = _fit_lines([tuple(a) for a in alphas], fit)
+    return tuple((None if c is None else float(c), pts, alpha)
+                 for (c, _), pts, alpha in zip(curves, points, alphas))
+
+
+def _read_at_context(context: float, ctxs: list[float], at: list[torch.Tensor]) -> torch.Tensor:
+    """Curves' values ``at`` [C] × [K] (contexts ``ctxs`` ascending) read at ``context``: linear
+    between neighbours, the first below it, the last segment's slope beyond (never below the last)."""
+    if context <= ctxs[0]:
+        return at[0]
+    k = next((i for i in range(1, len(ctxs)) if context <= ctxs[i]), len(ctxs) - 1)
+    w = (context - ctxs[k - 1]) / (ctxs[k] - ctxs[k - 1])  # > 1 beyond the last curve
+    y = at[k - 1] + w * (at[k] - at[k - 1])  # [K]
+    return torch.maximum(y, at[-1]) if context > ctxs[-1] else y
 
 
 def _to_profile(value: object) -> SPSProfile:
@@ -70,11 +115,14 @@ class SPSTableCostModel(Accounted):
     """SPS(B) from a measured profile (a path, a dict or an :class:`SPSProfile`).
 
     ``accounting`` defaults to the profile's; override it only when the engine runs another shape
-    than the one profiled. ``context`` (tokens of KV cache per request) selects where between the
-    profile's curves measured at different contexts the step times are read: linear in the
-    context between neighbouring curves, the nearest curve below the first, the last segment's
-    slope beyond the last (never below the last curve). ``None``, or a profile with one curve:
-    the profile's own ``points``. :meth:`at_context` returns the model bound to a context.
+    than the one profiled. ``fit`` (default "monotone") reads the profile's least-squares fit that
+    never falls as B, R or the context grows (:func:`fitted_curves`); "none" reads it as measured.
+    ``context`` (tokens of KV cache per request) selects where between the profile's curves
+    measured at different contexts the step times and α(R) are read: linear in the context
+    between neighbouring curves, the nearest curve below the first, the last segment's slope
+    beyond the last (never below the last curve). ``None``, or a profile with one curve: the
+    profile's own ``points`` and ``batch_overhead``. :meth:`at_context` returns the model bound
+    to a context.
     """
 
     name: ClassVar[str] = "sps-table"
@@ -84,20 +132,11 @@ class SPSTableCostModel(Accounted):
     extrapolate: str = field(default="linear", validator=in_(EXTRAPOLATIONS))
     accounting: str = field(validator=check_accounting)
     context: float | None = field(default=None)
-    _sizes: torch.Tensor = field(init=False, repr=False, eq=False)  # [P] float64
-    _seconds: torch.Tensor = field(init=False, repr=False, eq=False)  # [P] float64
+    fit: str = field(default="monotone", validator=in_(FITS))
 
     @accounting.default
     def _profile_accounting(self) -> str:
         return self.profile.accounting
-
-    @_sizes.default
-    def _profile_sizes(self) -> torch.Tensor:
-        return torch.tensor(self.profile.batch_sizes, dtype=torch.float64)
-
-    @_seconds.default
-    def _profile_seconds(self) -> torch.Tensor:
-        return torch.tensor(self.profile.step_seconds, dtype=torch.float64)
 
     @classmethod
     def from_file(
@@ -113,31 +152,34 @@ class SPSTableCostModel(Accounted):
         accounting: str = "packed",
         interpolation: str = "linear",
         extrapolate: str = "linear",
+        fit: str = "monotone",
         **metadata: Any,
     ) -> SPSTableCostModel:
         """From bare points; device/model/dtype/date default to "unknown" unless given."""
         fields = {"device": "unknown", "model": "unknown", "dtype": "unknown", "date": "unknown"}
         profile = SPSProfile(points=points, accounting=accounting, **{**fields, **metadata})
-        return cls(profile, interpolation=interpolation, extrapolate=extrapolate)
+        return cls(profile, interpolation=interpolation, extrapolate=extrapolate, fit=fit)
+
+    def _curves(self) -> tuple[tuple[float | None, Curve, Curve], ...]:
+        return fitted_curves(self.profile, self.fit)
+
+    def _main(self) -> tuple[float | None, Curve, Curve]:
+        """The curve of the profile's own ``points`` (measured at ``profile.context``)."""
+        main = None if self.profile.context is None else float(self.profile.context)
+        return next(c for c in self._curves() if c[0] == main)
 
     def step_seconds(self, batch_size: torch.Tensor) -> torch.Tensor:
         """Seconds per verification step at each B (at :attr:`context`). [K] → [K] float64."""
-        curves = self.profile.curves()
+        def read(pts: Curve) -> torch.Tensor:  # [K]
+            return table_step_seconds(batch_size, torch.tensor([b for b, _ in pts], dtype=torch.float64),
+                                      torch.tensor([t for _, t in pts], dtype=torch.float64),
+                                      self.interpolation, self.extrapolate)
+
+        curves = self._curves()
         if self.context is None or len(curves) == 1:
-            return table_step_seconds(
-                batch_size, self._sizes, self._seconds, self.interpolation, self.extrapolate
-            )
-        ctxs = [float(c) for c, _ in curves]
-        at = [table_step_seconds(batch_size, torch.tensor([b for b, _ in pts], dtype=torch.float64),
-                                 torch.tensor([t for _, t in pts], dtype=torch.float64),
-                                 self.interpolation, self.extrapolate) for _, pts in curves]  # C × [K]
-        c = float(self.context)
-        if c <= ctxs[0]:
-            return at[0]
-        k = next((i for i in range(1, len(ctxs)) if c <= ctxs[i]), len(ctxs) - 1)
-        w = (c - ctxs[k - 1]) / (ctxs[k] - ctxs[k - 1])  # > 1 beyond the last curve
-        y = at[k - 1] + w * (at[k] - at[k - 1])  # [K]
-        return torch.maximum(y, at[-1]) if c > ctxs[-1] else y
+            return read(self._main()[1])
+        return _read_at_context(float(self.context), [float(c) for c, _, _ in curves],  # type: ignore[arg-type]
+                                [read(pts) for _, pts, _ in curves])
 
     def at_context(self, context: float, num_requests: int | None = None) -> SPSTableCostModel:
         """This model read at ``context`` tokens of KV cache per request (rounded to 16 tokens, so
@@ -147,9 +189,17 @@ class SPSTableCostModel(Accounted):
         return evolve(self, context=float(context_bucket(context)))
 
     def batch_overhead_seconds(self, num_requests: int) -> float:
-        """α(R) from the profile: linear between profiled R, the last value beyond (0 if none)."""
-        points = self.profile.batch_overhead
-        if not points:
-            return 0.0
-        Rs = [float(r) for r, _ in points]
-        return float(np.interp(float(num_requests), Rs, [float(v) for _, v in points]))
+        """α(R) from the profile (at :attr:`context`): linear between profiled R, the last value
+        beyond (0 if none)."""
+        def read(alpha: Curve) -> torch.Tensor:  # [1]
+            if not alpha:
+                return torch.zeros(1, dtype=torch.float64)
+            return torch.tensor([np.interp(float(num_requests), [float(r) for r, _ in alpha],
+                                           [float(v) for _, v in alpha])], dtype=torch.float64)
+
+        curves = self._curves()
+        if self.context is None or len(curves) == 1:
+            return float(read(self._main()[2])[0])
+        y = _read_at_context(float(self.context), [float(c) for c, _, _ in curves],  # type: ignore[arg-type]
+                             [read(alpha) for _, _, alpha in curves])
+        return max(float(y[0]), 0.0)
