@@ -134,6 +134,22 @@ def test_collect_rounds_and_metrics_agree_with_the_engine(target):
     assert Rounds.from_dict(json.loads(json.dumps(rounds.to_dict()))).accepted.tolist() == rounds.accepted.tolist()
 
 
+def test_collect_rounds_records_the_named_confidence_model(target):
+    """The same greedy rounds with the max-prob proxy: identical accept counts, logits that are
+    logit(max softmax(Ũ_j)) of each draft position, not the head's."""
+    torch.manual_seed(3)
+    drafter = dspark.get_drafter("dspark", target=target, gamma=4, num_layers=1, rank=8)
+    prompts = [_IdPrompt([1, 2, 3, i], "math") for i in range(3)]
+    kw = dict(max_new_tokens=8, concurrency=2, progress=False)
+    head = collect_rounds(target, drafter, prompts, SamplingParams.greedy(), **kw)
+    proxy = collect_rounds(target, drafter, prompts, SamplingParams.greedy(), confidence_model="max-prob", **kw)
+    assert torch.equal(head.accepted, proxy.accepted) and head.prompt == proxy.prompt
+    assert not torch.allclose(head.confidence_logits, proxy.confidence_logits)
+    p = torch.sigmoid(proxy.confidence_logits)
+    assert ((p > 0) & (p <= 1)).all()  # a largest probability over the vocabulary: above 1/V
+    assert (p >= 1.0 / target.vocab_size - 1e-6).all()
+
+
 def test_collect_rounds_sends_a_multi_turn_prompt_as_its_whole_conversation(target, monkeypatch):
     """A held-out follow-up ("explain step 2") is only meaningful after its earlier turns: the
     engine must get the conversation, not the last user turn alone (calibration and eval prompts

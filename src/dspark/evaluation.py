@@ -69,9 +69,11 @@ def collect_rounds(
     scheduler: str = "full",
     seed: int = 0,
     progress: bool = True,
+    confidence_model: Any = "draft-head",
 ) -> Rounds:
     """Run ``prompts`` (``dspark.data.prompts.Prompt``) through an engine with ``scheduler``
-    (default ``full``: every valid draft position verified) and record every round."""
+    (default ``full``: every valid draft position verified) and record every round, its raw
+    confidences from ``confidence_model`` (a registered name or object)."""
     import time
 
     from tqdm import tqdm
@@ -79,7 +81,8 @@ def collect_rounds(
     from dspark.data.prompts import prompt_request
     from dspark.engine import Engine
 
-    engine = Engine(target, drafter, scheduler=scheduler, calibrator="identity", seed=seed)
+    engine = Engine(target, drafter, scheduler=scheduler, calibrator="identity", seed=seed,
+                    confidence_model=confidence_model)
     pending = list(enumerate(prompts))[::-1]
     live: dict[str, tuple[int, Any]] = {}
     rows: list[tuple[str, int, int, int, list[float], int]] = []

@@ -45,8 +45,9 @@ from dspark.cost_models.roofline import (
     target_shape,
 )
 from dspark.cost_models.table import EXTRAPOLATIONS as EXTRAPOLATIONS  # outside __all__, as before
+from dspark.cost_models.table import FITS as FITS
 from dspark.cost_models.table import INTERPOLATIONS as INTERPOLATIONS
-from dspark.cost_models.table import SPSTableCostModel, table_step_seconds
+from dspark.cost_models.table import SPSTableCostModel, fitted_curves, table_step_seconds
 
 __all__ = [
     "ACCOUNTINGS",
@@ -64,6 +65,7 @@ __all__ = [
     "best_fixed_length",
     "check_survival",
     "default_profile_path",
+    "fitted_curves",
     "fixed_length_rates",
     "kv_bytes_per_token",
     "kv_bytes_per_token_from_config",

@@ -50,7 +50,6 @@ def fitted_curves(profile: SPSProfile, fit: str = "monotone") -> tuple[tuple[flo
     curves = profile.curves()
     alphas = [alpha for _, alpha in profile.overhead_curves()]
     points = _fit_lines([pts for _, pts in curves], fit)
-    # α(1) is 0 by construction; fit the measured R values only
     alphas = _fit_lines([tuple(a) for a in alphas], fit)
     return tuple((None if c is None else float(c), pts, alpha)
                  for (c, _), pts, alpha in zip(curves, points, alphas))
@@ -133,6 +132,11 @@ class SPSTableCostModel(Accounted):
     accounting: str = field(validator=check_accounting)
     context: float | None = field(default=None)
     fit: str = field(default="monotone", validator=in_(FITS))
+    _fitted: tuple[tuple[float | None, Curve, Curve], ...] = field(init=False, repr=False, eq=False)
+
+    @_fitted.default
+    def _fit_profile(self) -> tuple[tuple[float | None, Curve, Curve], ...]:
+        return fitted_curves(self.profile, self.fit)
 
     @accounting.default
     def _profile_accounting(self) -> str:
@@ -161,7 +165,7 @@ class SPSTableCostModel(Accounted):
         return cls(profile, interpolation=interpolation, extrapolate=extrapolate, fit=fit)
 
     def _curves(self) -> tuple[tuple[float | None, Curve, Curve], ...]:
-        return fitted_curves(self.profile, self.fit)
+        return self._fitted
 
     def _main(self) -> tuple[float | None, Curve, Curve]:
         """The curve of the profile's own ``points`` (measured at ``profile.context``)."""
