@@ -22,6 +22,7 @@ from dspark.cost_models import (
     default_profile_path,
     kv_bytes_per_token,
     kv_bytes_per_token_from_config,
+    table_step_seconds,
 )
 from dspark.protocols import CostModel
 from helpers import tiny_causal_lm
@@ -583,3 +584,19 @@ def test_profile_cli_writes_a_profile_the_sps_table_reads(tmp_path, capsys):
     assert main(["profile", "--model", str(tmp_path / "tiny"), "--contexts", "200", "--quiet",
                  "--out", str(out)]) == 2
     assert "exceeds the target's context window" in capsys.readouterr().err
+
+
+def test_whole_batch_sizes_read_from_the_lookup_table_match_the_interpolation():
+    """step_seconds at whole B comes from a table built once per model; it must equal the fitted
+    curve interpolated by table_step_seconds, and fractional / out-of-table B still interpolate."""
+    from dspark.cost_models import fitted_curves
+
+    model = SPSTableCostModel.from_points({1: 0.05, 4: 0.049, 8: 0.06, 32: 0.09, 64: 0.2})
+    (_, pts, _), = fitted_curves(model.profile)
+    sizes = torch.tensor([b for b, _ in pts], dtype=torch.float64)
+    seconds = torch.tensor([t for _, t in pts], dtype=torch.float64)
+    B = torch.arange(1, 65, dtype=torch.float64)
+    assert torch.equal(model.step_seconds(B), table_step_seconds(B, sizes, seconds))
+    odd = _b(2.5, 0.0, 100, 1000)
+    assert torch.equal(model.step_seconds(odd), table_step_seconds(odd, sizes, seconds))
+    assert model.batch_overhead_seconds(3) == model.batch_overhead_seconds(3) == 0.0

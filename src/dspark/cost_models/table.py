@@ -133,10 +133,19 @@ class SPSTableCostModel(Accounted):
     context: float | None = field(default=None)
     fit: str = field(default="monotone", validator=in_(FITS))
     _fitted: tuple[tuple[float | None, Curve, Curve], ...] = field(init=False, repr=False, eq=False)
+    # Schedulers read a handful of whole B per round, many times: step times at B = 1..largest
+    # profiled B, and α per R, are computed once per (bound) model and then looked up.
+    _dense: torch.Tensor = field(init=False, repr=False, eq=False)  # [max B] float64
+    _alpha: dict[int, float] = field(init=False, repr=False, eq=False, factory=dict)
 
     @_fitted.default
     def _fit_profile(self) -> tuple[tuple[float | None, Curve, Curve], ...]:
         return fitted_curves(self.profile, self.fit)
+
+    @_dense.default
+    def _dense_table(self) -> torch.Tensor:
+        top = max(b for _, pts, _ in self._fitted for b, _ in pts)
+        return self._step_seconds(torch.arange(1, top + 1, dtype=torch.float64))
 
     @accounting.default
     def _profile_accounting(self) -> str:
@@ -174,6 +183,13 @@ class SPSTableCostModel(Accounted):
 
     def step_seconds(self, batch_size: torch.Tensor) -> torch.Tensor:
         """Seconds per verification step at each B (at :attr:`context`). [K] → [K] float64."""
+        x = batch_tensor(batch_size)  # [K]
+        dense = self._dense
+        if x.numel() and bool(((x >= 1) & (x <= dense.numel()) & (x == x.floor())).all()):
+            return dense[x.long() - 1]  # the same values, read from the table of whole B
+        return self._step_seconds(x)
+
+    def _step_seconds(self, batch_size: torch.Tensor) -> torch.Tensor:
         def read(pts: Curve) -> torch.Tensor:  # [K]
             return table_step_seconds(batch_size, torch.tensor([b for b, _ in pts], dtype=torch.float64),
                                       torch.tensor([t for _, t in pts], dtype=torch.float64),
@@ -195,6 +211,11 @@ class SPSTableCostModel(Accounted):
     def batch_overhead_seconds(self, num_requests: int) -> float:
         """α(R) from the profile (at :attr:`context`): linear between profiled R, the last value
         beyond (0 if none)."""
+        if num_requests not in self._alpha:
+            self._alpha[num_requests] = self._batch_overhead_seconds(num_requests)
+        return self._alpha[num_requests]
+
+    def _batch_overhead_seconds(self, num_requests: int) -> float:
         def read(alpha: Curve) -> torch.Tensor:  # [1]
             if not alpha:
                 return torch.zeros(1, dtype=torch.float64)
