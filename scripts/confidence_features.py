@@ -4,14 +4,15 @@ Issue 12 asks for AUROC ≥ 0.8 at every position; dspark-5l-xl's confidence hea
 0.78 at positions 1–3, and no calibration of one logit changes its ranking. This script decodes the
 same prompts twice (every position verified, greedy, so the rounds are identical) with the
 ``draft-head`` and the ``max-prob`` confidence models, fits per position a logistic regression of
-the conditional acceptance on both logits on the *fit* prompts, and reports survival AUROC and ECE
+the conditional acceptance on both logits on the *fit* prompts (``dspark.confidence.fit_head_max_prob``), and reports survival AUROC and ECE
 (20 bins) of each on the *eval* prompts (disjoint: calibration prompts vs the shipped natural eval set).
 
     python scripts/confidence_features.py --drafter dspark-5l-xl \
         --fit-prompts /work/runs/data12/calibration_prompts.jsonl --fit-per-domain 40 \
         --eval-prompts src/dspark/data/natural_eval.jsonl --eval-per-domain 10 --out /work/runs/conf-features
 
-Rounds are cached in OUT (re-running resumes); OUT/confidence_features.{json,md} hold the figures.
+Rounds are cached in OUT (re-running resumes); OUT/confidence_features.{json,md} hold the figures,
+OUT/confidence.json the fitted weights (``dspark.get_confidence_model("head-max-prob", path=...)``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
-from scipy.optimize import minimize
 
 MODELS = ("draft-head", "max-prob")
 
@@ -41,33 +40,6 @@ def rounds_for(out: Path, name: str, prompts, target, drafter, model: str, args)
     return r
 
 
-def fit_logistic(X: np.ndarray, y: np.ndarray, l2: float = 1e-3) -> np.ndarray:
-    """w [F] minimising the mean log-loss of σ(X w) against y, plus l2 · |w|² (X [n, F], y [n])."""
-    def loss(w):
-        z = X @ w
-        nll = np.logaddexp(0.0, z) - y * z  # −log σ(z) if y else −log(1 − σ(z))
-        grad = X.T @ (1.0 / (1.0 + np.exp(-z)) - y) / len(y) + 2 * l2 * w
-        return nll.mean() + l2 * (w @ w), grad
-
-    return minimize(loss, np.zeros(X.shape[1]), jac=True, method="L-BFGS-B").x
-
-
-def combined_logits(fit_h, fit_m, fit_r, h, m) -> tuple[torch.Tensor, list[list[float]]]:
-    """Per position j: logit c_j = w·[z_head, z_maxprob, 1] fitted on the fit rounds' at-risk rows."""
-    from dspark.metrics import conditional_labels
-
-    gamma = fit_h.shape[1]
-    labels, at_risk = conditional_labels(fit_r.accepted, gamma, fit_r.verified)  # [N, γ] each
-    out, weights = torch.empty_like(h), []
-    for j in range(gamma):
-        k = at_risk[:, j]
-        X = np.stack([fit_h[k, j].numpy(), fit_m[k, j].numpy(), np.ones(int(k.sum()))], 1)
-        w = fit_logistic(X, labels[k, j].numpy().astype(np.float64))
-        weights.append(w.tolist())
-        out[:, j] = torch.from_numpy(np.stack([h[:, j].numpy(), m[:, j].numpy(), np.ones(len(h))], 1) @ w).float()
-    return out, weights
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", default="dspark-5l-xl")
@@ -83,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
+    from dspark.confidence import fit_head_max_prob
     from dspark.evaluation_runs import eval_prompts, load_drafter_spec
     from dspark.metrics import confidence_report
     from dspark.targets import load_target
@@ -101,15 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         a, b = r[s, MODELS[0]], r[s, MODELS[1]]
         if not (torch.equal(a.accepted, b.accepted) and torch.equal(a.verified, b.verified) and a.prompt == b.prompt):
             sys.exit(f"{s}: the two decodes differ round by round; cannot pair their confidences")
-    ev = r["eval", "draft-head"]
-    comb, weights = combined_logits(r["fit", "draft-head"].confidence_logits, r["fit", "max-prob"].confidence_logits,
-                                    r["fit", "draft-head"], ev.confidence_logits, r["eval", "max-prob"].confidence_logits)
+    ev, fit = r["eval", "draft-head"], r["fit", "draft-head"]
+    stack = fit_head_max_prob(fit.confidence_logits, r["fit", "max-prob"].confidence_logits, fit.accepted, fit.verified)
+    W = torch.tensor(stack.weights)  # [γ, 3] the model's own formula, on the recorded logits
+    comb = W[:, 0] * ev.confidence_logits.float() + W[:, 1] * r["eval", "max-prob"].confidence_logits.float() + W[:, 2]
+    weights = [list(w) for w in stack.weights]
+    stack.save(out / "confidence.json", drafter=args.drafter, fit_rounds=len(fit.domain), fit_prompts=args.fit_prompts)
     rows = {
         "confidence head (raw)": torch.sigmoid(ev.confidence_logits.float()),
         "confidence head (shipped calibration)": calibrator.calibrate(ev.confidence_logits.float()).float()
         if calibrator is not None else None,
         "max-prob (raw)": torch.sigmoid(r["eval", "max-prob"].confidence_logits.float()),
-        "head + max-prob (logistic, fitted on the fit rounds)": torch.sigmoid(comb),
+        "head-max-prob (stacked, fitted on the fit rounds)": torch.sigmoid(comb),
     }
     report = {name: confidence_report(c, ev.accepted, ev.verified, args.bins).to_dict()
               for name, c in rows.items() if c is not None}

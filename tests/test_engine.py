@@ -372,3 +372,27 @@ def test_drafts_equal_a_fresh_loop_fed_the_whole_context(model, dname, gated):
         n = int(ref.valid_lengths[0])
         assert tokens[:n].tolist() == ref.tokens[0, :n].tolist(), f"{dname}: {rid} at anchor {anchor}"
         torch.testing.assert_close(logits[:n], ref.draft_logits[0, :n], atol=1e-4, rtol=1e-4)
+
+
+def test_stacked_confidence_keeps_the_output_the_targets(model):
+    """The head-max-prob confidence model only changes which positions sps-greedy verifies: greedy
+    outputs stay the target's, and a sampled two-token law stays the target's (χ²)."""
+    from dspark.confidence import HeadMaxProbConfidence
+
+    target = HFTarget(model)
+    conf = HeadMaxProbConfidence([[0.6, 0.5, -0.4], [0.7, 0.6, -0.2], [0.7, 0.6, 0.0], [0.6, 0.7, 0.1]])
+    engine = Engine(target, drafter_for(target, "dspark:vanilla-markov"), scheduler="sps-greedy", cost_model=FLAT,
+                    confidence_model=conf, clock=TickClock())
+    infos = record_rounds(engine)
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    rids, done = run_with_late_join(engine, prompts, 24)
+    for rid, p in zip(rids, prompts):
+        assert done[rid].output_ids == greedy_decode(model, p, 24)
+    assert any(sum(i.lengths) > 0 for i in infos if i.drafted)
+    engine = Engine(target, drafter_for(target, "dspark:vanilla-markov"), scheduler="sps-greedy", cost_model=FLAT,
+                    confidence_model=conf, seed=11, clock=TickClock())
+    prompt, params = torch.tensor(CHI2_PROMPT), SamplingParams.random(1.0)
+    out = engine.generate([prompt] * 1500, params, max_new_tokens=3, progress=False)
+    tokens = torch.tensor([c.output_ids[:2] for c in out])  # [N, 2]
+    assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
+                             "head-max-prob/sps-greedy/T=1", exact_support=False)

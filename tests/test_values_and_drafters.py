@@ -340,6 +340,68 @@ def test_draft_head_passes_through_and_falls_back_to_max_prob():
     assert dspark.get_confidence_model("draft-head").name == "draft-head"
 
 
+def test_head_max_prob_is_its_formula_and_never_reads_the_sampled_token():
+    """logit c_j = w_j·z_head + v_j·logit(max softmax(Ũ_j)) + b_j per position, computed here by hand."""
+    from dspark.confidence import HeadMaxProbConfidence
+
+    W = [[0.5, 1.0, -0.2], [1.0, 0.0, 0.3], [0.0, 2.0, 0.0], [0.7, 0.7, 0.7]]
+    model = dspark.get_confidence_model("head-max-prob", weights=W)
+    a = DraftBlock.dummy(3, 4, 9, seed=6)
+    want = torch.empty(3, 4)
+    for j, (w, v, b) in enumerate(W):
+        m = torch.softmax(a.draft_logits[:, j].float(), -1).amax(-1)  # [R]
+        want[:, j] = w * a.confidence_logits[:, j] + v * torch.log(m / (1 - m)) + b
+    torch.testing.assert_close(model.confidence_logits(a), want, rtol=1e-5, atol=1e-5)
+    other = DraftBlock(tokens=(a.tokens + 1) % 9, q=a.q, valid_lengths=a.valid_lengths,
+                       confidence_logits=a.confidence_logits, draft_logits=a.draft_logits)
+    torch.testing.assert_close(model.confidence_logits(other), model.confidence_logits(a), rtol=0, atol=0)
+    assert HeadMaxProbConfidence(W) == model
+
+
+def test_head_max_prob_errors_name_the_problem(tmp_path):
+    from dspark.confidence import HeadMaxProbConfidence
+
+    model = HeadMaxProbConfidence([[1.0, 1.0, 0.0]] * 3)
+    with pytest.raises(ValueError, match="fitted for γ = 3 draft positions; the drafter proposes 4"):
+        model.confidence_logits(DraftBlock.dummy(2, 4, 5))
+    with pytest.raises(ValueError, match="needs a drafter with a confidence head"):
+        model.confidence_logits(DraftBlock.dummy(2, 3, 5, with_confidence=False))
+    with pytest.raises(ValueError, match=r"one finite \[w_head, w_maxprob, bias\] row per draft position"):
+        HeadMaxProbConfidence([[1.0, 2.0]])
+    with pytest.raises(ValueError, match="exactly one"):
+        dspark.get_confidence_model("head-max-prob")
+    bad = tmp_path / "confidence.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        dspark.get_confidence_model("head-max-prob", path=bad)
+    bad.write_text('{"name": "sts", "weights": []}')
+    with pytest.raises(ValueError, match="not a head-max-prob confidence file"):
+        HeadMaxProbConfidence.load(bad)
+    with pytest.raises(ValueError, match="cannot read"):
+        HeadMaxProbConfidence.load(tmp_path / "missing.json")
+    model.save(bad, drafter="x")
+    assert HeadMaxProbConfidence.load(bad) == model
+
+
+def test_fit_head_max_prob_recovers_the_weights_that_made_the_rounds():
+    """Rounds drawn from a known stacked model (each position accepted with σ(w·x) until the first
+    rejection): the per-position fit over the rounds at risk recovers w."""
+    from dspark.confidence import fit_head_max_prob
+
+    g = torch.Generator().manual_seed(0)
+    N, gamma = 40_000, 3
+    truth = torch.tensor([[1.0, 0.5, 0.2], [0.3, 1.2, -0.3], [0.8, 0.8, 0.5]], dtype=torch.float64)
+    zh = torch.randn(N, gamma, generator=g, dtype=torch.float64)
+    zp = 0.5 * zh + torch.randn(N, gamma, generator=g, dtype=torch.float64)  # correlated, as in real rounds
+    p = torch.sigmoid(truth[:, 0] * zh + truth[:, 1] * zp + truth[:, 2])  # [N, γ] conditional acceptance
+    ok = torch.rand(N, gamma, generator=g, dtype=torch.float64) < p
+    accepted = ok.long().cumprod(1).sum(1)  # [N] positions accepted before the first rejection
+    fitted = fit_head_max_prob(zh.float(), zp.float(), accepted, torch.full((N,), gamma), l2=0.0)
+    torch.testing.assert_close(torch.tensor(fitted.weights, dtype=torch.float64), truth, atol=0.08, rtol=0)
+    with pytest.raises(ValueError, match="one shape"):
+        fit_head_max_prob(zh, zp[:, :2], accepted)
+
+
 # --------------------------------------------------------------------------------------------
 # Model loading errors
 # --------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from dspark.calibration import (
     STSCalibrator,
     TemperatureCalibrator,
 )
-from dspark.confidence import DraftHeadConfidence, MaxProbConfidence
+from dspark.confidence import DraftHeadConfidence, HeadMaxProbConfidence, MaxProbConfidence
 from dspark.cost_models import RooflineCostModel, SPSTableCostModel, default_profile_path
 from dspark.drafters import NGramDrafter
 from dspark.drafters.checkpoint import from_pretrained
@@ -87,6 +87,8 @@ def register_sequential_heads(register: Register) -> None:
 def register_confidence_models(register: Register) -> None:
     register("draft-head", DraftHeadConfidence)
     register("max-prob", MaxProbConfidence)
+    register("head-max-prob", HeadMaxProbConfidence.create,
+             description="the head and the max-prob proxy stacked per position (path= a confidence.json)")
 
 
 @hookimpl
