@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--bins", type=int, default=20)
+    ap.add_argument("--split", choices=("sets", "parity"), default="sets",
+                    help="sets: fit on --fit-prompts, score on --eval-prompts; parity: fit and score on the two "
+                         "halves of --fit-prompts by prompt hash, as `dspark calibrate` splits them")
+    ap.add_argument("--head-rounds", help="a calibration_rounds.json from `dspark calibrate` (with --split parity "
+                                          "and its prompts): its rounds stand for the draft-head decodes")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
@@ -64,12 +69,26 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(args.model, getattr(torch, args.dtype))
     _, drafter, calibrator = load_drafter_spec(args.drafter, target)
-    sets = {"fit": eval_prompts(args.fit_prompts, args.fit_per_domain),
-            "eval": eval_prompts(args.eval_prompts, args.eval_per_domain)}
+    if args.split == "parity":  # dspark calibrate's split: even last hex digit fits, odd scores
+        pool = eval_prompts(args.fit_prompts, args.fit_per_domain)
+        sets = {"fit": [p for p in pool if int(p.key[-1], 16) % 2 == 0],
+                "eval": [p for p in pool if int(p.key[-1], 16) % 2 == 1]}
+    else:
+        sets = {"fit": eval_prompts(args.fit_prompts, args.fit_per_domain),
+                "eval": eval_prompts(args.eval_prompts, args.eval_per_domain)}
     fit_keys = {p.key for p in sets["fit"]}
     if fit_keys & {p.key for p in sets["eval"]}:
         sys.exit("the fit and eval prompt sets share prompts")
-    r = {(s, m): rounds_for(out, s, ps, target, drafter, m, args) for s, ps in sets.items() for m in MODELS}
+    saved = json.loads(Path(args.head_rounds).read_text()) if args.head_rounds else None
+    r = {}
+    for s, ps in sets.items():
+        for m in MODELS:
+            if m == "draft-head" and saved is not None:
+                from dspark.evaluation import Rounds
+
+                r[s, m] = Rounds.from_dict(saved["fit" if s == "fit" else "test"])
+            else:
+                r[s, m] = rounds_for(out, s, ps, target, drafter, m, args)
     for s in sets:  # greedy and every position verified: both decodes are the same rounds
         a, b = r[s, MODELS[0]], r[s, MODELS[1]]
         if not (torch.equal(a.accepted, b.accepted) and torch.equal(a.verified, b.verified) and a.prompt == b.prompt):
@@ -77,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     ev, fit = r["eval", "draft-head"], r["fit", "draft-head"]
     stack = fit_head_max_prob(fit.confidence_logits, r["fit", "max-prob"].confidence_logits, fit.accepted, fit.verified)
     W = torch.tensor(stack.weights)  # [γ, 3] the model's own formula, on the recorded logits
-    comb = W[:, 0] * ev.confidence_logits.float() + W[:, 1] * r["eval", "max-prob"].confidence_logits.float() + W[:, 2]
+
+    def stacked(s: str) -> torch.Tensor:  # [N, γ]
+        return W[:, 0] * r[s, "draft-head"].confidence_logits.float() + W[:, 1] * r[s, "max-prob"].confidence_logits.float() + W[:, 2]
+
+    comb = stacked("eval")
+    import dspark
+
+    sts_bias = dspark.get_calibrator("sts-bias").fit(stacked("fit"), fit.accepted, fit.verified)
     weights = [list(w) for w in stack.weights]
     stack.save(out / "confidence.json", drafter=args.drafter, fit_rounds=len(fit.domain), fit_prompts=args.fit_prompts)
     rows = {
@@ -86,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if calibrator is not None else None,
         "max-prob (raw)": torch.sigmoid(r["eval", "max-prob"].confidence_logits.float()),
         "head-max-prob (stacked, fitted on the fit rounds)": torch.sigmoid(comb),
+        "head-max-prob + STS + bias (fitted on the fit rounds)": sts_bias.calibrate(comb).float(),
     }
     report = {name: confidence_report(c, ev.accepted, ev.verified, args.bins).to_dict()
               for name, c in rows.items() if c is not None}
