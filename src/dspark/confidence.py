@@ -25,8 +25,11 @@ from attrs import field, frozen
 
 from dspark.types import DraftBlock
 
-__all__ = ["DraftHeadConfidence", "HeadMaxProbConfidence", "MaxProbConfidence", "fit_head_max_prob",
-           "max_prob_logits"]
+__all__ = ["CONFIDENCE_FILE", "DraftHeadConfidence", "HeadMaxProbConfidence", "MaxProbConfidence",
+           "fit_head_max_prob", "load_confidence_model", "max_prob_logits"]
+
+CONFIDENCE_FILE = "confidence.json"
+"""A checkpoint folder's own confidence model, next to its calibration.json (fitted on its logits)."""
 
 
 def max_prob_logits(q: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -161,3 +164,9 @@ def fit_head_max_prob(z_head: torch.Tensor, z_prob: torch.Tensor, accepted: torc
 
         rows.append(tuple(minimize(loss, [0.0, 0.0, 0.0], jac=True, method="L-BFGS-B").x.tolist()))
     return HeadMaxProbConfidence(rows)
+
+
+def load_confidence_model(folder: str | os.PathLike[str]) -> HeadMaxProbConfidence | None:
+    """The confidence model a checkpoint folder ships in :data:`CONFIDENCE_FILE`, or None."""
+    path = Path(folder) / CONFIDENCE_FILE
+    return HeadMaxProbConfidence.load(path) if path.is_file() else None

@@ -136,6 +136,8 @@ class Engine:
     the measured rates say drafting does not pay for itself (needs a cost model).
     ``clock`` is the seconds counter every timing reads (default ``time.perf_counter``); tests
     substitute a virtual one to run a machine whose step times are known.
+    ``confidence_model`` ``None`` (the default): the drafter's own (a checkpoint folder's
+    ``confidence.json``, :func:`dspark.confidence.load_confidence_model`), else ``draft-head``.
     """
 
     def __init__(
@@ -146,7 +148,7 @@ class Engine:
         scheduler: Any = "sps-greedy",
         cost_model: Any = "sps-table",
         calibrator: Any = "identity",
-        confidence_model: Any = "draft-head",
+        confidence_model: Any = None,
         draft_gate: Any = None,
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
@@ -160,6 +162,8 @@ class Engine:
         self.cost_model = resolve("cost_models", cost_model) if cost_model is not None else None
         self._cost_model_at = ContextBinding(self.cost_model)  # read at each round's KV context
         self.calibrator = resolve("calibrators", calibrator)
+        if confidence_model is None:
+            confidence_model = getattr(self.drafter, "confidence_model", None) or "draft-head"
         self.confidence_model = resolve("confidence_models", confidence_model)
         if not getattr(self.scheduler, "lossless", False):
             raise ValueError(

@@ -69,11 +69,12 @@ def collect_rounds(
     scheduler: str = "full",
     seed: int = 0,
     progress: bool = True,
-    confidence_model: Any = "draft-head",
+    confidence_model: Any = None,
 ) -> Rounds:
     """Run ``prompts`` (``dspark.data.prompts.Prompt``) through an engine with ``scheduler``
     (default ``full``: every valid draft position verified) and record every round, its raw
-    confidences from ``confidence_model`` (a registered name or object)."""
+    confidences from ``confidence_model`` (a registered name or object; default: the engine's,
+    the drafter's own or ``draft-head``)."""
     import time
 
     from tqdm import tqdm

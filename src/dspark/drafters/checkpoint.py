@@ -69,7 +69,8 @@ def from_pretrained(path: str | Path, target: Any = None, draft_vocab: int | Non
     (:func:`dspark.checkpoints.shipped`, e.g. ``"dspark-5l-xl"``); with ``target``, check the
     checkpoint was made for it and bind it. ``draft_vocab`` K (needs ``target``): the named variant
     that drafts only the K most frequent tokens of the folder's ``token_ranking.json``
-    (:mod:`dspark.drafters.prune`)."""
+    (:mod:`dspark.drafters.prune`). A folder's ``confidence.json`` becomes the drafter's
+    ``confidence_model`` (None without one), which :class:`dspark.Engine` uses by default."""
     from dspark.checkpoints import locate, shipped
 
     path = locate(path)
@@ -77,13 +78,18 @@ def from_pretrained(path: str | Path, target: Any = None, draft_vocab: int | Non
         raise CheckpointError(f"{path} does not exist: neither a checkpoint folder nor a shipped drafter "
                               f"(shipped: {', '.join(shipped()) or 'none'})")
     drafter = formats.build(formats.read(path), target)
-    if draft_vocab is None:
-        return drafter
-    from dspark.drafters.prune import prune_draft_vocab, read_token_ranking
+    if draft_vocab is not None:
+        from dspark.drafters.prune import prune_draft_vocab, read_token_ranking
 
-    if target is None:
-        raise ValueError("draft_vocab needs the target (the drafter is cut after binding to it)")
-    ranking = read_token_ranking(path, drafter.config.vocab_size)
-    if draft_vocab > len(ranking):
-        raise ValueError(f"{Path(path) / 'token_ranking.json'} ranks {len(ranking)} tokens; cannot keep {draft_vocab}")
-    return prune_draft_vocab(drafter, ranking[:draft_vocab])
+        if target is None:
+            raise ValueError("draft_vocab needs the target (the drafter is cut after binding to it)")
+        ranking = read_token_ranking(path, drafter.config.vocab_size)
+        if draft_vocab > len(ranking):
+            raise ValueError(f"{Path(path) / 'token_ranking.json'} ranks {len(ranking)} tokens; cannot keep {draft_vocab}")
+        drafter = prune_draft_vocab(drafter, ranking[:draft_vocab])
+    from dspark.confidence import load_confidence_model
+
+    # the folder's own confidence model (its calibration.json was fitted on its logits); the
+    # engine uses it unless told otherwise
+    drafter.confidence_model = load_confidence_model(path)
+    return drafter
