@@ -188,24 +188,19 @@ def test_save_and_load_round_trip(target, name, tmp_path):
                                loaded.draft(ctx(target, loaded, prompts, [0])).draft_logits)
 
 
-def test_a_folders_confidence_json_becomes_the_engines_confidence_model(target, tmp_path):
+def test_a_folders_confidence_json_becomes_the_drafters_confidence_model(target, tmp_path):
     """A checkpoint folder may ship a stacked confidence model (confidence.json, next to the
-    calibration fitted on its logits): loading attaches it and the engine uses it by default; a
-    folder without one keeps draft-head, and an explicit confidence_model wins."""
-    from dspark.confidence import DraftHeadConfidence, HeadMaxProbConfidence
-    from dspark.engine import Engine
+    calibration fitted on its logits): loading attaches it (None without one); a corrupt file
+    fails naming the problem."""
+    from dspark.confidence import HeadMaxProbConfidence
 
     d = make(target, "dspark-gated")
     save_pretrained(d, tmp_path / "plain")
     save_pretrained(d, tmp_path / "stacked")
     stack = HeadMaxProbConfidence([[0.5, 0.5, 0.0]] * d.gamma)
     stack.save(tmp_path / "stacked" / "confidence.json")
-    bare, loaded = from_pretrained(tmp_path / "plain", target), from_pretrained(tmp_path / "stacked", target)
-    assert bare.confidence_model is None and loaded.confidence_model == stack
-    assert isinstance(Engine(target, bare, cost_model=None).confidence_model, DraftHeadConfidence)
-    assert Engine(target, loaded, cost_model=None).confidence_model == stack
-    assert isinstance(Engine(target, loaded, cost_model=None, confidence_model="draft-head").confidence_model,
-                      DraftHeadConfidence)
+    assert from_pretrained(tmp_path / "plain", target).confidence_model is None
+    assert from_pretrained(tmp_path / "stacked", target).confidence_model == stack
     (tmp_path / "stacked" / "confidence.json").write_text("[]")
     with pytest.raises(ValueError, match="not a head-max-prob confidence file"):
         from_pretrained(tmp_path / "stacked", target)

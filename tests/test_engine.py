@@ -396,3 +396,21 @@ def test_stacked_confidence_keeps_the_output_the_targets(model):
     tokens = torch.tensor([c.output_ids[:2] for c in out])  # [N, 2]
     assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
                              "head-max-prob/sps-greedy/T=1", exact_support=False)
+
+
+def test_the_engine_takes_the_drafters_own_confidence_model(model, tmp_path):
+    """Engine(confidence_model=None) uses what the drafter's folder shipped (confidence.json), else
+    draft-head; an explicit confidence_model wins."""
+    from dspark.confidence import DraftHeadConfidence, HeadMaxProbConfidence
+    from dspark.drafters.checkpoint import from_pretrained, save_pretrained
+
+    target = HFTarget(model)
+    d = drafter_for(target, "dspark:vanilla-markov")
+    save_pretrained(d, tmp_path / "ck")
+    assert isinstance(Engine(target, from_pretrained(tmp_path / "ck", target)).confidence_model, DraftHeadConfidence)
+    stack = HeadMaxProbConfidence([[0.5, 0.5, 0.0]] * d.gamma)
+    stack.save(tmp_path / "ck" / "confidence.json")
+    loaded = from_pretrained(tmp_path / "ck", target)
+    assert Engine(target, loaded).confidence_model == stack
+    assert isinstance(Engine(target, loaded, confidence_model="draft-head").confidence_model, DraftHeadConfidence)
+    assert isinstance(Engine(target, None).confidence_model, DraftHeadConfidence)
