@@ -12,7 +12,9 @@ the conditional acceptance on both logits on the *fit* prompts (``dspark.confide
         --eval-prompts src/dspark/data/natural_eval.jsonl --eval-per-domain 10 --out /work/runs/conf-features
 
 Rounds are cached in OUT (re-running resumes); OUT/confidence_features.{json,md} hold the figures,
-OUT/confidence.json the fitted weights (``dspark.get_confidence_model("head-max-prob", path=...)``).
+OUT/confidence.json the fitted weights (``dspark.get_confidence_model("head-max-prob", path=...)``) and
+OUT/calibration.json STS + bias fitted on the stacked logits: copied together into a checkpoint
+folder, the engine uses both by default.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     import dspark
 
     sts_bias = dspark.get_calibrator("sts-bias").fit(stacked("fit"), fit.accepted, fit.verified)
+    sts_bias.save(out / "calibration.json")  # fitted on the stacked logits: ships beside confidence.json
     weights = [list(w) for w in stack.weights]
     stack.save(out / "confidence.json", drafter=args.drafter, fit_rounds=len(fit.domain), fit_prompts=args.fit_prompts)
     rows = {
