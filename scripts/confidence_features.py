@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from dspark.confidence import fit_head_max_prob
-    from dspark.evaluation_runs import eval_prompts, load_drafter_spec
+    from dspark.evaluation_runs import calibration_split, eval_prompts, load_drafter_spec
     from dspark.metrics import confidence_report
     from dspark.targets import load_target
 
@@ -71,10 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(args.model, getattr(torch, args.dtype))
     _, drafter, calibrator = load_drafter_spec(args.drafter, target)
-    if args.split == "parity":  # dspark calibrate's split: even last hex digit fits, odd scores
-        pool = eval_prompts(args.fit_prompts, args.fit_per_domain)
-        sets = {"fit": [p for p in pool if int(p.key[-1], 16) % 2 == 0],
-                "eval": [p for p in pool if int(p.key[-1], 16) % 2 == 1]}
+    if args.split == "parity":  # dspark calibrate's own split
+        fit_p, test_p = calibration_split(eval_prompts(args.fit_prompts, args.fit_per_domain))
+        sets = {"fit": fit_p, "eval": test_p}
     else:
         sets = {"fit": eval_prompts(args.fit_prompts, args.fit_per_domain),
                 "eval": eval_prompts(args.eval_prompts, args.eval_per_domain)}
@@ -97,10 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"{s}: the two decodes differ round by round; cannot pair their confidences")
     ev, fit = r["eval", "draft-head"], r["fit", "draft-head"]
     stack = fit_head_max_prob(fit.confidence_logits, r["fit", "max-prob"].confidence_logits, fit.accepted, fit.verified)
-    W = torch.tensor(stack.weights)  # [γ, 3] the model's own formula, on the recorded logits
 
-    def stacked(s: str) -> torch.Tensor:  # [N, γ]
-        return W[:, 0] * r[s, "draft-head"].confidence_logits.float() + W[:, 1] * r[s, "max-prob"].confidence_logits.float() + W[:, 2]
+    def stacked(s: str) -> torch.Tensor:  # [N, γ] the model's own formula, on the recorded logits
+        return stack.stack(r[s, "draft-head"].confidence_logits, r[s, "max-prob"].confidence_logits)
 
     comb = stacked("eval")
     import dspark

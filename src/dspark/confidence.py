@@ -107,9 +107,12 @@ class HeadMaxProbConfidence:
         if z_head.shape[1] != len(self.weights):
             raise ValueError(f"head-max-prob was fitted for γ = {len(self.weights)} draft positions; "
                              f"the drafter proposes {z_head.shape[1]}")
-        z_prob = max_prob_logits(_proxy_distribution(block), self.eps)  # [R, γ]
+        return self.stack(z_head, max_prob_logits(_proxy_distribution(block), self.eps))
+
+    def stack(self, z_head: torch.Tensor, z_prob: torch.Tensor) -> torch.Tensor:
+        """w_j · z_head + v_j · z_prob + b_j per position. [N, γ] raw logits each → [N, γ]."""
         W = torch.tensor(self.weights, dtype=torch.float32)  # [γ, 3]
-        return W[:, 0] * z_head + W[:, 1] * z_prob + W[:, 2]  # [R, γ]
+        return W[:, 0] * z_head.float() + W[:, 1] * z_prob.float() + W[:, 2]
 
     def save(self, path: str | os.PathLike[str], **meta: Any) -> Path:
         path = Path(path)

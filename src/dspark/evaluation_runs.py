@@ -24,7 +24,8 @@ from dspark.options import (
 )
 
 __all__ = [
-    "CalibrateOptions", "CalibrateResult", "EvalOptions", "EvalResult", "calibrate", "eval_markdown", "eval_prompts",
+    "CalibrateOptions", "CalibrateResult", "EvalOptions", "EvalResult", "calibrate", "calibration_split",
+    "eval_markdown", "eval_prompts",
     "evaluate", "load_drafter_spec", "plot_acceptance", "print_calibration", "rounds_path",
 ]
 
@@ -34,6 +35,13 @@ THRESHOLDS = [round(0.05 * i, 2) for i in range(1, 20)]
 def rounds_path(out: str | Path, label: str, temperature: float) -> Path:
     """Where ``dspark eval --out OUT`` keeps one drafter's rounds at one temperature."""
     return Path(out) / "rounds" / f"{label}-T{float(temperature)}.json"
+
+
+def calibration_split(prompts: list[Any]) -> tuple[list[Any], list[Any]]:
+    """``dspark calibrate``'s split of held-out prompts by their hash: (fit, test) — an even last
+    hex digit of the key fits, an odd one scores."""
+    return ([p for p in prompts if int(p.key[-1], 16) % 2 == 0],
+            [p for p in prompts if int(p.key[-1], 16) % 2 == 1])
 
 
 def eval_prompts(path: str | None, per_domain: int, skip: int = 0) -> list[Any]:
@@ -261,8 +269,7 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
         target = _target(opts.model, opts.dtype)
         label, drafter, _ = load_drafter_spec(opts.checkpoint, target)
         # fit on half of the held-out prompts, report on the other half (split by prompt hash)
-        fit_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 0]
-        test_p = [p for p in prompts if int(p.key[-1], 16) % 2 == 1]
+        fit_p, test_p = calibration_split(prompts)
         sampling = _sampling(opts.temperature)
         kw = dict(max_new_tokens=opts.max_new_tokens, concurrency=opts.concurrency, progress=not opts.quiet)
         fit_r = collect_rounds(target, drafter, fit_p, sampling, **kw)

@@ -173,13 +173,10 @@ class SPSTableCostModel(Accounted):
         profile = SPSProfile(points=points, accounting=accounting, **{**fields, **metadata})
         return cls(profile, interpolation=interpolation, extrapolate=extrapolate, fit=fit)
 
-    def _curves(self) -> tuple[tuple[float | None, Curve, Curve], ...]:
-        return self._fitted
-
     def _main(self) -> tuple[float | None, Curve, Curve]:
         """The curve of the profile's own ``points`` (measured at ``profile.context``)."""
         main = None if self.profile.context is None else float(self.profile.context)
-        return next(c for c in self._curves() if c[0] == main)
+        return next(c for c in self._fitted if c[0] == main)
 
     def step_seconds(self, batch_size: torch.Tensor) -> torch.Tensor:
         """Seconds per verification step at each B (at :attr:`context`). [K] → [K] float64."""
@@ -195,7 +192,7 @@ class SPSTableCostModel(Accounted):
                                       torch.tensor([t for _, t in pts], dtype=torch.float64),
                                       self.interpolation, self.extrapolate)
 
-        curves = self._curves()
+        curves = self._fitted
         if self.context is None or len(curves) == 1:
             return read(self._main()[1])
         return _read_at_context(float(self.context), [float(c) for c, _, _ in curves],  # type: ignore[arg-type]
@@ -222,7 +219,7 @@ class SPSTableCostModel(Accounted):
             return torch.tensor([np.interp(float(num_requests), [float(r) for r, _ in alpha],
                                            [float(v) for _, v in alpha])], dtype=torch.float64)
 
-        curves = self._curves()
+        curves = self._fitted
         if self.context is None or len(curves) == 1:
             return float(read(self._main()[2])[0])
         y = _read_at_context(float(self.context), [float(c) for c, _, _ in curves],  # type: ignore[arg-type]
