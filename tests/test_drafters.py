@@ -202,8 +202,31 @@ def test_a_folders_confidence_json_becomes_the_drafters_confidence_model(target,
     assert from_pretrained(tmp_path / "plain", target).confidence_model is None
     assert from_pretrained(tmp_path / "stacked", target).confidence_model == stack
     (tmp_path / "stacked" / "confidence.json").write_text("[]")
-    with pytest.raises(ValueError, match="not a head-max-prob confidence file"):
+    with pytest.raises(ValueError, match="not a confidence model file"):
         from_pretrained(tmp_path / "stacked", target)
+
+
+def test_a_calibrated_stacked_confidence_json_replaces_the_folders_calibrator(target, tmp_path):
+    """A folder's `stacked` confidence.json gives calibrated logits: the folder's calibrator is then
+    none (its calibration.json stays the head's, for vLLM / TensorRT-LLM), the engine refuses to
+    calibrate them twice, and a vocabulary cut keeps the head and its calibration.json."""
+    import dspark
+    from dspark.confidence import StackedConfidence
+    from dspark.engine import Engine
+    from dspark.evaluation_runs import folder_calibrator
+
+    d = make(target, "dspark-gated")
+    save_pretrained(d, tmp_path)
+    dspark.get_calibrator("sts", temperatures=[1.5] * d.gamma).save(tmp_path / "calibration.json")
+    assert folder_calibrator(tmp_path).name == "sts"  # no confidence.json: the head's calibration
+    stack = StackedConfidence(["head", "max-prob", "margin"], [[0.1] * 7] * d.gamma, [0.0] * 3, [1.0] * 3)
+    stack.save(tmp_path / "confidence.json")
+    loaded = from_pretrained(tmp_path, target)
+    assert loaded.confidence_model == stack
+    assert folder_calibrator(tmp_path) is None
+    assert folder_calibrator(tmp_path, draft_vocab=64).name == "sts"
+    with pytest.raises(ValueError, match="calibrate them twice"):
+        Engine(target, loaded, calibrator=folder_calibrator(tmp_path, draft_vocab=64))
 
 
 def test_checkpoint_errors(tmp_path):

@@ -374,13 +374,20 @@ def test_drafts_equal_a_fresh_loop_fed_the_whole_context(model, dname, gated):
         torch.testing.assert_close(logits[:n], ref.draft_logits[0, :n], atol=1e-4, rtol=1e-4)
 
 
-def test_stacked_confidence_keeps_the_output_the_targets(model):
-    """The head-max-prob confidence model only changes which positions sps-greedy verifies: greedy
-    outputs stay the target's, and a sampled two-token law stays the target's (χ²)."""
-    from dspark.confidence import HeadMaxProbConfidence
+@pytest.mark.parametrize("kind", ["head-max-prob", "stacked"])
+def test_stacked_confidence_keeps_the_output_the_targets(model, kind):
+    """A stacked confidence model (head-max-prob, or the calibrated `stacked` with squares) only
+    changes which positions sps-greedy verifies: greedy outputs stay the target's, and a sampled
+    two-token law stays the target's (χ²)."""
+    from dspark.confidence import HeadMaxProbConfidence, StackedConfidence
 
     target = HFTarget(model)
-    conf = HeadMaxProbConfidence([[0.6, 0.5, -0.4], [0.7, 0.6, -0.2], [0.7, 0.6, 0.0], [0.6, 0.7, 0.1]])
+    if kind == "head-max-prob":
+        conf = HeadMaxProbConfidence([[0.6, 0.5, -0.4], [0.7, 0.6, -0.2], [0.7, 0.6, 0.0], [0.6, 0.7, 0.1]])
+    else:
+        conf = StackedConfidence(["head", "max-prob", "margin"],
+                                 [[0.6, 0.5, 0.2, -0.1, -0.1, 0.0, -0.4 + 0.2 * j] for j in range(4)],
+                                 [0.0, -1.0, 1.0], [1.0, 2.0, 1.5])
     engine = Engine(target, drafter_for(target, "dspark:vanilla-markov"), scheduler="sps-greedy", cost_model=FLAT,
                     confidence_model=conf, clock=TickClock())
     infos = record_rounds(engine)
@@ -395,13 +402,13 @@ def test_stacked_confidence_keeps_the_output_the_targets(model):
     out = engine.generate([prompt] * 1500, params, max_new_tokens=3, progress=False)
     tokens = torch.tensor([c.output_ids[:2] for c in out])  # [N, 2]
     assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
-                             "head-max-prob/sps-greedy/T=1", exact_support=False)
+                             f"{kind}/sps-greedy/T=1", exact_support=False)
 
 
 def test_the_engine_takes_the_drafters_own_confidence_model(model, tmp_path):
     """Engine(confidence_model=None) uses what the drafter's folder shipped (confidence.json), else
     draft-head; an explicit confidence_model wins."""
-    from dspark.confidence import DraftHeadConfidence, HeadMaxProbConfidence
+    from dspark.confidence import DraftHeadConfidence, HeadMaxProbConfidence, StackedConfidence
     from dspark.drafters.checkpoint import from_pretrained, save_pretrained
 
     target = HFTarget(model)
@@ -414,3 +421,11 @@ def test_the_engine_takes_the_drafters_own_confidence_model(model, tmp_path):
     assert Engine(target, loaded).confidence_model == stack
     assert isinstance(Engine(target, loaded, confidence_model="draft-head").confidence_model, DraftHeadConfidence)
     assert isinstance(Engine(target, None).confidence_model, DraftHeadConfidence)
+    calibrated = StackedConfidence(["head", "max-prob"], [[0.5, 0.5, 0.0, 0.0, 0.0]] * d.gamma, [0.0, 0.0], [1.0, 1.0])
+    calibrated.save(tmp_path / "ck" / "confidence.json")
+    loaded = from_pretrained(tmp_path / "ck", target)
+    assert Engine(target, loaded).confidence_model == calibrated
+    with pytest.raises(ValueError, match="calibrate them twice"):
+        Engine(target, loaded, calibrator=dspark.get_calibrator("sts", temperatures=[2.0] * d.gamma))
+    Engine(target, loaded, calibrator=dspark.get_calibrator("sts", temperatures=[2.0] * d.gamma),
+           confidence_model="draft-head")

@@ -10,7 +10,12 @@ from dspark.calibration import (
     STSCalibrator,
     TemperatureCalibrator,
 )
-from dspark.confidence import DraftHeadConfidence, HeadMaxProbConfidence, MaxProbConfidence
+from dspark.confidence import (
+    DraftHeadConfidence,
+    HeadMaxProbConfidence,
+    MaxProbConfidence,
+    StackedConfidence,
+)
 from dspark.cost_models import RooflineCostModel, SPSTableCostModel, default_profile_path
 from dspark.drafters import NGramDrafter
 from dspark.drafters.checkpoint import from_pretrained
@@ -89,6 +94,8 @@ def register_confidence_models(register: Register) -> None:
     register("max-prob", MaxProbConfidence)
     register("head-max-prob", HeadMaxProbConfidence.create,
              description="the head and the max-prob proxy stacked per position (path= a confidence.json)")
+    register("stacked", StackedConfidence.create,
+             description="a calibrated per-position logistic stack of named confidence features (path= a confidence.json)")
 
 
 @hookimpl

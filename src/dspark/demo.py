@@ -211,13 +211,13 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     """The README main job (module docstring): greedy identity in fp32, the sampling check and
     the speed-up at concurrency 1; writes ``demo.json`` and ``demo.md`` to ``options.out``.
     ``overrides`` replace fields of ``options`` (or of the defaults)."""
-    from dspark.calibration import load_calibrator
     from dspark.checkpoints import resolve_checkpoint
+    from dspark.confidence import load_confidence_model
     from dspark.data.natural.common import SHIPPED_EVAL
     from dspark.data.prompts import prompt_request
     from dspark.drafters.prune import parse_drafter_ref, variant_label
     from dspark.engine import encode_prompt
-    from dspark.evaluation_runs import eval_prompts
+    from dspark.evaluation_runs import eval_prompts, folder_calibrator
 
     opts = resolve_options(DemoOptions, options, overrides)
     prompt_file = opts.prompts or str(SHIPPED_EVAL)
@@ -227,8 +227,10 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     folder = resolve_checkpoint(name)
     ref = (folder, draft_vocab)
     label = variant_label(folder.name, draft_vocab)
-    cal_path = folder / "calibration.json"
-    calibrator = load_calibrator(cal_path) if cal_path.is_file() else None
+    calibrator = folder_calibrator(folder, draft_vocab)  # None under a calibrated confidence.json
+    own = load_confidence_model(folder) if draft_vocab is None else None
+    calibration = (f"{calibrator.name} (calibration.json)" if calibrator is not None
+                   else f"{own.name} confidence (confidence.json)" if getattr(own, "calibrated", False) else None)
     greedy = SamplingParams.greedy()
 
     # 1–2. correctness, fp32 ------------------------------------------------------------------
@@ -300,7 +302,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "model": opts.model, "drafter": label, "calibrated": calibrator is not None, "gamma": gamma,
+        "model": opts.model, "drafter": label, "calibrated": calibration is not None,
+        "calibration": calibration, "gamma": gamma,
         "max_new_tokens": opts.max_new_tokens, "machine": choice.machine.to_dict(),
         "greedy_identity_fp32": identity, "all_identical": all_identical,
         "identity_verified_drafts": sum(r["verified_drafts"] for r in identity),
@@ -338,7 +341,7 @@ def _markdown(r: dict) -> str:
     gate = sp["gate_rounds"]
     lines = [
         f"# dspark demo — SmolLM2-135M-Instruct, drafter `{r['drafter']}`"
-        + (" (STS-calibrated)" if r["calibrated"] else ""),
+        + (f" (calibrated: {r['calibration']})" if r.get("calibration") else ""),
         "",
         f"Command: `{r['command']}`",
         "",

@@ -165,6 +165,11 @@ class Engine:
         if confidence_model is None:
             confidence_model = getattr(self.drafter, "confidence_model", None) or "draft-head"
         self.confidence_model = resolve("confidence_models", confidence_model)
+        if getattr(self.confidence_model, "calibrated", False) and getattr(self.calibrator, "name", "") != "identity":
+            raise ValueError(
+                f"confidence model {self.confidence_model.name!r} gives calibrated logits already; calibrator "
+                f"{self.calibrator.name!r} would calibrate them twice (pass calibrator='identity', or "
+                "confidence_model='draft-head' to calibrate the head's logits)")
         if not getattr(self.scheduler, "lossless", False):
             raise ValueError(
                 f"scheduler {self.scheduler.name!r} is not lossless; the engine only runs schedules "

@@ -72,7 +72,6 @@ def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
     ``CHECKPOINT:vocab=K`` is the variant cut to the K most frequent tokens (:mod:`dspark.drafters.prune`;
     default label ``NAME-vocabK``)."""
     import dspark
-    from dspark.calibration import load_calibrator
     from dspark.drafters.prune import parse_drafter_ref, variant_label
 
     label, path = _split_label(spec)
@@ -88,8 +87,21 @@ def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
     from dspark.drafters.checkpoint import from_pretrained
 
     drafter = from_pretrained(folder, target, draft_vocab=draft_vocab)
-    cal = folder / "calibration.json"
-    return label, drafter, load_calibrator(cal) if cal.is_file() else None
+    return label, drafter, folder_calibrator(folder, draft_vocab)
+
+
+def folder_calibrator(folder: Any, draft_vocab: int | None = None) -> Any:
+    """The calibrator for the confidence logits the engine reads from a checkpoint folder's drafter:
+    none when its ``confidence.json`` is calibrated itself (``stacked``; attached to the
+    full-vocabulary drafter only, as :func:`~dspark.drafters.checkpoint.from_pretrained` does),
+    else its ``calibration.json`` (fitted on the confidence head's logits), else None."""
+    from dspark.calibration import load_calibrator
+    from dspark.confidence import load_confidence_model
+
+    if draft_vocab is None and getattr(load_confidence_model(folder), "calibrated", False):
+        return None
+    cal = Path(folder) / "calibration.json"
+    return load_calibrator(cal) if cal.is_file() else None
 
 
 def _split_label(spec: str) -> tuple[str, str]:
@@ -271,7 +283,11 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
         # fit on half of the held-out prompts, report on the other half (split by prompt hash)
         fit_p, test_p = calibration_split(prompts)
         sampling = _sampling(opts.temperature)
-        kw = dict(max_new_tokens=opts.max_new_tokens, concurrency=opts.concurrency, progress=not opts.quiet)
+        # calibration.json calibrates the logits the engine reads from the folder: the head's (what
+        # vLLM / TensorRT-LLM read too) beside a confidence.json that is calibrated itself
+        own = getattr(drafter, "confidence_model", None)
+        kw = dict(max_new_tokens=opts.max_new_tokens, concurrency=opts.concurrency, progress=not opts.quiet,
+                  confidence_model="draft-head" if getattr(own, "calibrated", False) else None)
         fit_r = collect_rounds(target, drafter, fit_p, sampling, **kw)
         test_r = collect_rounds(target, drafter, test_p, sampling, **kw)
         n_fit_p, n_test_p = len(fit_p), len(test_p)
@@ -415,7 +431,9 @@ def evaluate(options: EvalOptions | None = None, /, **overrides: Any) -> EvalRes
                                         concurrency=opts.concurrency, progress=not opts.quiet, seed=opts.seed)
                 save_json(rounds.to_dict(), cache)
             res = evaluate_rounds(rounds, cal, THRESHOLDS)
-            res["calibrated_with"] = f"{cal.name} (calibration.json)" if cal is not None else None
+            own = getattr(drafter, "confidence_model", None)
+            res["calibrated_with"] = (f"{cal.name} (calibration.json)" if cal is not None
+                                      else f"{own.name} (confidence.json)" if getattr(own, "calibrated", False) else None)
             results["runs"][f"{label}@T={temp}"] = {"drafter": label, "temperature": temp, **res}
             print(f"{label:>16} T={temp}: τ {res['overall']['tau']:.3f} "
                   + " ".join(f"{d}={v['tau']:.2f}" for d, v in res["domains"].items()), file=sys.stderr)

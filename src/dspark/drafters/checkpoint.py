@@ -89,7 +89,8 @@ def from_pretrained(path: str | Path, target: Any = None, draft_vocab: int | Non
         drafter = prune_draft_vocab(drafter, ranking[:draft_vocab])
     from dspark.confidence import load_confidence_model
 
-    # the folder's own confidence model (its calibration.json was fitted on its logits); the
-    # engine uses it unless told otherwise
-    drafter.confidence_model = load_confidence_model(path)
+    # the folder's own confidence model, which the engine uses unless told otherwise; not for a
+    # vocabulary cut, whose proxy features differ from those it was fitted on (the head and its
+    # calibration.json still apply: the head does not read the vocabulary)
+    drafter.confidence_model = load_confidence_model(path) if draft_vocab is None else None
     return drafter
