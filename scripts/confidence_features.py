@@ -1,20 +1,23 @@
-"""Which raw confidence ranks a drafter's rounds best: its confidence head, the max-prob proxy, or both?
+"""Which confidence ranks and calibrates a drafter's rounds best: its confidence head, the max-prob
+proxy, or a stack of features of the draft block?
 
-Issue 12 asks for AUROC ≥ 0.8 at every position; dspark-5l-xl's confidence head gives 0.74 / 0.75 /
-0.78 at positions 1–3, and no calibration of one logit changes its ranking. This script decodes the
-same prompts twice (every position verified, greedy, so the rounds are identical) with the
-``draft-head`` and the ``max-prob`` confidence models, fits per position a logistic regression of
-the conditional acceptance on both logits on the *fit* prompts (``dspark.confidence.fit_head_max_prob``), and reports survival AUROC and ECE
-(20 bins) of each on the *eval* prompts (disjoint: calibration prompts vs the shipped natural eval set).
+Issue 12 asks for AUROC ≥ 0.8 and ECE ≤ 1.5 % (20 bins) at every position. This script decodes the
+prompts once (greedy, every position verified) and records per round and draft position every
+feature of :data:`dspark.confidence.FEATURES` (the head's logit and functions of softmax(Ũ_j)).
+It then fits, per position, on the *fit* prompts and scores on the *eval* prompts:
 
-    python scripts/confidence_features.py --drafter dspark-5l-xl \
-        --fit-prompts /work/runs/data12/calibration_prompts.jsonl --fit-per-domain 40 \
-        --eval-prompts src/dspark/data/natural_eval.jsonl --eval-per-domain 10 --out /work/runs/conf-features
+* ``head-max-prob``: the linear stack of the head and the max-prob proxy, STS + bias on top;
+* ``stacked``: the logistic regression on ``--features`` (linear, and with their squares — the
+  shipped form, calibrated as fitted), :func:`dspark.confidence.fit_stacked`.
 
-Rounds are cached in OUT (re-running resumes); OUT/confidence_features.{json,md} hold the figures,
-OUT/confidence.json the fitted weights (``dspark.get_confidence_model("head-max-prob", path=...)``) and
-OUT/calibration.json STS + bias fitted on the stacked logits: copied together into a checkpoint
-folder, the engine uses both by default.
+    python scripts/confidence_features.py --drafter dspark-5l-xl --split parity \\
+        --fit-prompts RUNS/data12/calibration_prompts.jsonl --fit-per-domain 230 --out RUNS/conf-stacked
+
+``--split parity`` fits and scores on the two halves of --fit-prompts by prompt hash, as
+`dspark calibrate` splits them, and also reports the swapped direction (fit on the other half).
+Rounds are cached in OUT (re-running resumes). OUT/confidence_features.{json,md} hold the figures,
+OUT/confidence.json the stacked model with squares fitted on the fit rounds: copied into a
+checkpoint folder, the engine uses it by default, with no calibrator on top.
 """
 
 from __future__ import annotations
@@ -26,20 +29,45 @@ from pathlib import Path
 
 import torch
 
-MODELS = ("draft-head", "max-prob")
+
+class _Recorder:
+    """A confidence model that passes the head's logits through and records every feature of each
+    block, keyed by the round's head-logit row (the engine stores exactly that row per round)."""
+
+    name = "recorder"
+    calibrated = False
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.rows = names, {}
+
+    def confidence_logits(self, block):
+        from dspark.confidence import confidence_features
+
+        z = block.confidence_logits.float()  # [R, γ]
+        feats = confidence_features(block, self.names)  # [R, γ, F]
+        for i in range(z.shape[0]):
+            self.rows[tuple(z[i].tolist())] = feats[i]
+        return z
 
 
-def rounds_for(out: Path, name: str, prompts, target, drafter, model: str, args):
-    from dspark.evaluation import Rounds, collect_rounds, save_json
+def record(out: Path, name: str, prompts, target, drafter, names: list[str], args) -> dict:
+    """Rounds and features [N, γ, F] of one prompt set, cached in OUT/NAME-features.pt."""
+    from dspark.evaluation import collect_rounds
     from dspark.types import SamplingParams
 
-    path = out / f"{name}-{model}.json"
+    path = out / f"{name}-features.pt"
     if path.is_file():
-        return Rounds.from_dict(json.loads(path.read_text()))
+        saved = torch.load(path)
+        if saved["names"] == names:
+            return saved
+    rec = _Recorder(names)
     r = collect_rounds(target, drafter, prompts, SamplingParams.greedy(), max_new_tokens=args.max_new_tokens,
-                       concurrency=args.concurrency, confidence_model=model)
-    save_json(r.to_dict(), path)
-    return r
+                       concurrency=args.concurrency, confidence_model=rec)
+    X = torch.stack([rec.rows[tuple(row)] for row in r.confidence_logits.float().tolist()])  # [N, γ, F]
+    saved = {"names": names, "features": X, "accepted": r.accepted, "verified": r.verified,
+             "head": r.confidence_logits.float(), "domain": list(r.domain), "prompts": len(prompts)}
+    torch.save(saved, path)
+    return saved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,86 +79,92 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-per-domain", type=int, default=40)
     ap.add_argument("--eval-prompts", default="src/dspark/data/natural_eval.jsonl")
     ap.add_argument("--eval-per-domain", type=int, default=10)
+    ap.add_argument("--features", default="head,max-prob,margin", help="the stacked model's features")
+    ap.add_argument("--l2", type=float, default=1e-3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--bins", type=int, default=20)
     ap.add_argument("--split", choices=("sets", "parity"), default="sets",
                     help="sets: fit on --fit-prompts, score on --eval-prompts; parity: fit and score on the two "
                          "halves of --fit-prompts by prompt hash, as `dspark calibrate` splits them")
-    ap.add_argument("--head-rounds", help="a calibration_rounds.json from `dspark calibrate` (with --split parity "
-                                          "and its prompts): its rounds stand for the draft-head decodes")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from dspark.confidence import fit_head_max_prob
+    import dspark
+    from dspark.calibration import load_calibrator
+    from dspark.checkpoints import resolve_checkpoint
+    from dspark.confidence import FEATURES, StackedConfidence, fit_head_max_prob, fit_stacked
     from dspark.evaluation_runs import calibration_split, eval_prompts, load_drafter_spec
     from dspark.metrics import confidence_report
     from dspark.targets import load_target
 
+    chosen = args.features.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = load_target(args.model, getattr(torch, args.dtype))
-    _, drafter, calibrator = load_drafter_spec(args.drafter, target)
+    _, drafter, _ = load_drafter_spec(args.drafter, target)
+    own = getattr(drafter, "confidence_model", None)  # a folder's stacked confidence.json, scored as shipped
+    own = own if isinstance(own, StackedConfidence) else None
+    cal_path = resolve_checkpoint(args.drafter) / "calibration.json"  # the head's calibration
+    head_cal = load_calibrator(cal_path) if cal_path.is_file() else None
     if args.split == "parity":  # dspark calibrate's own split
         fit_p, test_p = calibration_split(eval_prompts(args.fit_prompts, args.fit_per_domain))
-        sets = {"fit": fit_p, "eval": test_p}
     else:
-        sets = {"fit": eval_prompts(args.fit_prompts, args.fit_per_domain),
-                "eval": eval_prompts(args.eval_prompts, args.eval_per_domain)}
-    fit_keys = {p.key for p in sets["fit"]}
-    if fit_keys & {p.key for p in sets["eval"]}:
+        fit_p, test_p = eval_prompts(args.fit_prompts, args.fit_per_domain), eval_prompts(args.eval_prompts, args.eval_per_domain)
+    if {p.key for p in fit_p} & {p.key for p in test_p}:
         sys.exit("the fit and eval prompt sets share prompts")
-    saved = json.loads(Path(args.head_rounds).read_text()) if args.head_rounds else None
-    r = {}
-    for s, ps in sets.items():
-        for m in MODELS:
-            if m == "draft-head" and saved is not None:
-                from dspark.evaluation import Rounds
+    names = sorted(FEATURES)
+    data = {s: record(out, s, ps, target, drafter, names, args) for s, ps in (("fit", fit_p), ("eval", test_p))}
+    cols = [names.index(f) for f in chosen]
 
-                r[s, m] = Rounds.from_dict(saved["fit" if s == "fit" else "test"])
-            else:
-                r[s, m] = rounds_for(out, s, ps, target, drafter, m, args)
-    for s in sets:  # greedy and every position verified: both decodes are the same rounds
-        a, b = r[s, MODELS[0]], r[s, MODELS[1]]
-        if not (torch.equal(a.accepted, b.accepted) and torch.equal(a.verified, b.verified) and a.prompt == b.prompt):
-            sys.exit(f"{s}: the two decodes differ round by round; cannot pair their confidences")
-    ev, fit = r["eval", "draft-head"], r["fit", "draft-head"]
-    stack = fit_head_max_prob(fit.confidence_logits, r["fit", "max-prob"].confidence_logits, fit.accepted, fit.verified)
+    def models(fit: dict) -> dict:
+        X = fit["features"]
+        hmp = fit_head_max_prob(X[..., names.index("head")], X[..., names.index("max-prob")], fit["accepted"], fit["verified"])
+        z = hmp.stack(X[..., names.index("head")], X[..., names.index("max-prob")])
+        return {"hmp": hmp, "hmp_cal": dspark.get_calibrator("sts-bias").fit(z, fit["accepted"], fit["verified"]),
+                "linear": fit_stacked(X[..., cols], fit["accepted"], fit["verified"], features=chosen, squares=False, l2=args.l2),
+                "squares": fit_stacked(X[..., cols], fit["accepted"], fit["verified"], features=chosen, l2=args.l2)}
 
-    def stacked(s: str) -> torch.Tensor:  # [N, γ] the model's own formula, on the recorded logits
-        return stack.stack(r[s, "draft-head"].confidence_logits, r[s, "max-prob"].confidence_logits)
+    def rows(m: dict, ev: dict) -> dict:
+        X = ev["features"]
+        hmp = m["hmp"].stack(X[..., names.index("head")], X[..., names.index("max-prob")])
+        return {
+            "confidence head (raw)": torch.sigmoid(ev["head"]),
+            "confidence head (shipped calibration)": head_cal.calibrate(ev["head"]).float() if head_cal else None,
+            "max-prob (raw)": torch.sigmoid(X[..., names.index("max-prob")]),
+            "head-max-prob + STS + bias": m["hmp_cal"].calibrate(hmp).float(),
+            f"stacked {'+'.join(chosen)} (linear)": torch.sigmoid(m["linear"].apply(X[..., cols])),
+            f"stacked {'+'.join(chosen)} with squares (shipped form)": torch.sigmoid(m["squares"].apply(X[..., cols])),
+            f"the drafter's own {own.name} confidence.json (as shipped)":
+                torch.sigmoid(own.apply(X[..., [names.index(f) for f in own.features]])) if own is not None else None,
+        }
 
-    comb = stacked("eval")
-    import dspark
-
-    sts_bias = dspark.get_calibrator("sts-bias").fit(stacked("fit"), fit.accepted, fit.verified)
-    sts_bias.save(out / "calibration.json")  # fitted on the stacked logits: ships beside confidence.json
-    weights = [list(w) for w in stack.weights]
-    stack.save(out / "confidence.json", drafter=args.drafter, fit_rounds=len(fit.domain), fit_prompts=args.fit_prompts)
-    rows = {
-        "confidence head (raw)": torch.sigmoid(ev.confidence_logits.float()),
-        "confidence head (shipped calibration)": calibrator.calibrate(ev.confidence_logits.float()).float()
-        if calibrator is not None else None,
-        "max-prob (raw)": torch.sigmoid(r["eval", "max-prob"].confidence_logits.float()),
-        "head-max-prob (stacked, fitted on the fit rounds)": torch.sigmoid(comb),
-        "head-max-prob + STS + bias (fitted on the fit rounds)": sts_bias.calibrate(comb).float(),
-    }
-    report = {name: confidence_report(c, ev.accepted, ev.verified, args.bins).to_dict()
-              for name, c in rows.items() if c is not None}
-    result = {"drafter": args.drafter, "fit_rounds": len(r["fit", "draft-head"].domain), "eval_rounds": len(ev.domain),
-              "fit_prompts": len(sets["fit"]), "eval_prompts": len(sets["eval"]), "weights": weights,
-              "report": report, "command": " ".join(["python", "scripts/confidence_features.py", *sys.argv[1:]])}
+    fitted = models(data["fit"])
+    runs = {"fit → eval": rows(fitted, data["eval"])}
+    if args.split == "parity":  # the other direction: fitted on the eval half, scored on the fit half
+        runs["eval → fit (swapped)"] = rows(models(data["eval"]), data["fit"])
+    report = {run: {name: confidence_report(c, (data["eval"] if run == "fit → eval" else data["fit"])["accepted"],
+                                            (data["eval"] if run == "fit → eval" else data["fit"])["verified"], args.bins).to_dict()
+                    for name, c in r.items() if c is not None} for run, r in runs.items()}
+    shipped = fitted["squares"]
+    held = report["fit → eval"][f"stacked {'+'.join(chosen)} with squares (shipped form)"]
+    shipped.save(out / "confidence.json", drafter=args.drafter, fit_rounds=len(data["fit"]["accepted"]),
+                 fit_prompts=args.fit_prompts, held_out={"rounds": len(data["eval"]["accepted"]),
+                                                         "auroc": held["auroc"], "ece": held["ece"]})
+    command = " ".join(["python", "scripts/confidence_features.py", *(argv if argv is not None else sys.argv[1:])])
+    result = {"drafter": args.drafter, "features": chosen, "l2": args.l2,
+              "rounds": {s: len(d["accepted"]) for s, d in data.items()},
+              "prompts": {"fit": len(fit_p), "eval": len(test_p)}, "report": report, "command": command}
     (out / "confidence_features.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# Confidence features of {args.drafter}", "",
-          f"Fitted on {result['fit_rounds']} rounds ({result['fit_prompts']} prompts), scored on "
-          f"{result['eval_rounds']} rounds ({result['eval_prompts']} prompts). Survival AUROC and ECE ({args.bins} bins) per position.", "",
-          "| confidence | AUROC per position | ECE per position |", "|---|---|---|"]
-    for name, rep in report.items():
-        md.append(f"| {name} | " + " ".join(f"{a:.3f}" for a in rep["auroc"]) + " | "
-                  + " ".join(f"{100 * e:.1f} %" for e in rep["ece"]) + " |")
-    md += ["", "Weights per position [w_head, w_maxprob, bias]: "
-           + "; ".join("[" + ", ".join(f"{v:+.2f}" for v in w) + "]" for w in weights), "",
-           f"Command: `{result['command']}`", ""]
+          f"Rounds: fit {result['rounds']['fit']} ({len(fit_p)} prompts), eval {result['rounds']['eval']} "
+          f"({len(test_p)} prompts). Survival AUROC and ECE ({args.bins} bins) per position.", ""]
+    for run, rep in report.items():
+        md += [f"## {run}", "", "| confidence | AUROC per position | ECE per position |", "|---|---|---|"]
+        md += [f"| {name} | " + " ".join(f"{a:.3f}" for a in r["auroc"]) + " | "
+               + " ".join(f"{100 * e:.1f} %" for e in r["ece"]) + " |" for name, r in rep.items()]
+        md.append("")
+    md += [f"Command: `{command}`", ""]
     (out / "confidence_features.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0

@@ -17,12 +17,12 @@ import time
 import torch
 
 from dspark.autotune import choose_dtype
-from dspark.calibration import load_calibrator
 from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
 from dspark.demo import _encode
 from dspark.drafters.checkpoint import from_pretrained
 from dspark.engine import Engine
 from dspark.evaluation_cli import eval_prompts
+from dspark.evaluation_runs import folder_calibrator
 from dspark.gating import DraftGate
 from dspark.models import load_causal_lm
 from dspark.speculative import plain_generate
@@ -38,7 +38,7 @@ def main(variants: dict, reps: int = 3, new_tokens: int = 96) -> dict[str, float
     model, cost = target.model, choice.cost_model()
     print(choice.reason)
     folder = resolve_checkpoint(DEFAULT_DRAFTER)
-    calibrator = load_calibrator(folder / "calibration.json")
+    calibrator = folder_calibrator(folder) or "identity"  # none under the stacked confidence.json
 
     def engine(gate):
         t = HFTarget(model, tok)

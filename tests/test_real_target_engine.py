@@ -56,16 +56,16 @@ def references(target):
 def _drafter(target, name):
     if name == "ngram":
         return dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=4), "identity"
-    from dspark.calibration import load_calibrator
     from dspark.checkpoints import resolve_checkpoint
     from dspark.drafters.prune import parse_drafter_ref
+    from dspark.evaluation_runs import folder_calibrator
 
     base, vocab = parse_drafter_ref(name)  # "NAME:vocab=K": the cut variant, calibration of NAME
     folder = resolve_checkpoint(RETIRED / base if base in RETIRED_NAMES else base)
     kind = "dspark" if name.startswith("dspark") else name
-    cal = folder / "calibration.json"
     drafter = dspark.get_drafter(kind, target=target, checkpoint=f"{folder}:vocab={vocab}" if vocab else folder)
-    return drafter, load_calibrator(cal) if cal.is_file() else "identity"
+    # the default drafter's stacked confidence.json is calibrated itself: no calibrator on top
+    return drafter, folder_calibrator(folder, vocab) or "identity"
 
 
 RETIRED = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "retired"
