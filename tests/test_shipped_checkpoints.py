@@ -38,3 +38,21 @@ def test_package_data_covers_every_shipped_file():
     missed = [str(p.relative_to(package)) for p in ROOT.rglob("*") if p.is_file()
               and not any(fnmatch.fnmatch(str(p.relative_to(package)), g) for g in globs)]
     assert not missed, f"not in pyproject's package-data, so not in a wheel: {missed}"
+
+
+def test_the_default_drafter_ships_a_calibrated_stacked_confidence_for_its_gamma():
+    """dspark-5l-xl's confidence.json (docs/results.md, "Confidence features"): a `stacked` model
+    with one weights row per draft position, calibrated itself, so the folder's calibrator is none
+    while its calibration.json (the head's, for vLLM / TensorRT-LLM) still loads; the cut
+    vocabulary variant keeps that calibration."""
+    from dspark.calibration import load_calibrator
+    from dspark.confidence import StackedConfidence, load_confidence_model
+    from dspark.drafters.checkpoint import read_config
+    from dspark.evaluation_runs import folder_calibrator
+
+    folder = resolve_checkpoint(DEFAULT_DRAFTER)
+    model = load_confidence_model(folder)
+    assert isinstance(model, StackedConfidence) and model.calibrated
+    assert len(model.weights) == read_config(folder).gamma
+    assert folder_calibrator(folder) is None
+    assert folder_calibrator(folder, 8192) == load_calibrator(folder / "calibration.json")
