@@ -139,25 +139,47 @@ class HeadMaxProbConfidence:
             raise ValueError(f"{path}: {err}") from None
 
 
-def _head(block: DraftBlock, logp: torch.Tensor | None) -> torch.Tensor:
+@frozen
+class _ProxyStats:
+    """What the proxy features read of q_j = softmax(Ũ_j): the log-probabilities of its k most likely
+    tokens (``top`` [R, γ, k], descending) and, only when a feature needs them all, ``logp``
+    [R, γ, V]. One logsumexp and one top-k pass over the vocabulary, not a softmax and a log."""
+
+    top: torch.Tensor
+    logp: torch.Tensor | None
+
+
+def _proxy_stats(block: DraftBlock, k: int, full: bool) -> _ProxyStats:
+    if block.draft_logits is not None:
+        U = block.draft_logits.float()  # [R, γ, V]
+        lse = torch.logsumexp(U, dim=-1, keepdim=True)  # [R, γ, 1]
+        top = U.topk(min(k, U.shape[-1]), dim=-1).values - lse  # [R, γ, k]
+        return _ProxyStats(top, U - lse if full else None)
+    logq = torch.log(block.q.float().clamp_min(1e-30))  # [R, γ, V] (a greedy q is one-hot: says little)
+    return _ProxyStats(logq.topk(min(k, logq.shape[-1]), dim=-1).values, logq if full else None)
+
+
+def _head(block: DraftBlock, stats: _ProxyStats | None) -> torch.Tensor:
     if block.confidence_logits is None:
         raise ValueError("the 'head' feature needs a drafter with a confidence head; this block carries none")
     return block.confidence_logits.float()  # [R, γ]
 
 
-def _top(logp: torch.Tensor, k: int) -> torch.Tensor:
-    return logp.topk(min(k, logp.shape[-1]), dim=-1).values  # [R, γ, k]
+def _logit_of_log(logp: torch.Tensor) -> torch.Tensor:
+    return torch.logit(logp.exp().clamp(1e-6, 1 - 1e-6))
 
 
 FEATURES: dict[str, Callable[[DraftBlock, Any], torch.Tensor]] = {
     "head": _head,  # the drafter's confidence-head logit
-    "max-prob": lambda block, logp: torch.logit(logp.amax(-1).exp().clamp(1e-6, 1 - 1e-6)),  # logit max_v q_j(v)
-    "margin": lambda block, logp: (lambda t: t[..., 0] - t[..., -1])(_top(logp, 2)),  # log q_j(1st) − log q_j(2nd)
-    "neg-entropy": lambda block, logp: (logp.exp() * logp).sum(-1),  # Σ_v q_j(v) log q_j(v)
-    "top5-mass": lambda block, logp: torch.logit(_top(logp, 5).exp().sum(-1).clamp(1e-6, 1 - 1e-6)),
+    "max-prob": lambda block, st: _logit_of_log(st.top[..., 0]),  # logit max_v q_j(v)
+    "margin": lambda block, st: st.top[..., 0] - st.top[..., min(1, st.top.shape[-1] - 1)],  # log q(1st) − log q(2nd)
+    "neg-entropy": lambda block, st: (st.logp.exp() * st.logp).sum(-1),  # Σ_v q_j(v) log q_j(v)
+    "top5-mass": lambda block, st: torch.logit(st.top[..., :5].exp().sum(-1).clamp(1e-6, 1 - 1e-6)),
 }
 """Confidence features of a draft block, each [R, γ], from the head logit or from the proxy
-distribution softmax(Ũ_j) (its log passed as ``logp`` [R, γ, V]): all read h_j and x̂_{j-1} only."""
+distribution q_j = softmax(Ũ_j) (of q_j itself when the block has no logits): all read h_j and
+x̂_{j-1} only."""
+_TOP_K = {"max-prob": 1, "margin": 2, "top5-mass": 5}  # how many of q_j's largest each reads
 
 
 def confidence_features(block: DraftBlock, names: Sequence[str]) -> torch.Tensor:
@@ -165,10 +187,10 @@ def confidence_features(block: DraftBlock, names: Sequence[str]) -> torch.Tensor
     unknown = [n for n in names if n not in FEATURES]
     if unknown:
         raise ValueError(f"unknown confidence feature(s) {unknown}; known: {sorted(FEATURES)}")
-    logp = None
+    stats = None
     if any(n != "head" for n in names):
-        logp = torch.log(_proxy_distribution(block).float().clamp_min(1e-30))  # [R, γ, V]
-    return torch.stack([FEATURES[n](block, logp).float() for n in names], -1)  # [R, γ, F]
+        stats = _proxy_stats(block, max([_TOP_K.get(n, 1) for n in names]), "neg-entropy" in names)
+    return torch.stack([FEATURES[n](block, stats).float() for n in names], -1)  # [R, γ, F]
 
 
 def _names(value: object) -> tuple[str, ...]:
