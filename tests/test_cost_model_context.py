@@ -57,6 +57,24 @@ def test_step_time_is_linear_in_context_between_curves():
     assert cm.at_context(170).context == 176.0  # rounded to 16 tokens
 
 
+def test_beyond_the_last_context_the_step_time_still_rises_with_b():
+    """Curves at 64 and 128 tokens whose small batches grow faster with the context than the large
+    ones: continued per B to 512 tokens, B = 1 would cost more than B = 8. The monotone fit keeps
+    the time non-decreasing in B there, and never below the last measured curve."""
+    lo = [{"batch_size": 1, "step_seconds": 0.010}, {"batch_size": 8, "step_seconds": 0.030}]
+    hi = [{"batch_size": 1, "step_seconds": 0.020}, {"batch_size": 8, "step_seconds": 0.032}]
+    profile = SPSProfile.from_json({**BASE, "points": lo, "context": 64, "contexts": [{"context": 128, "points": hi}]})
+    B = torch.arange(1, 17, dtype=torch.float64)
+    for ctx in (160, 512, 2048):
+        got = SPSTableCostModel(profile).at_context(ctx).step_seconds(B)
+        assert bool((got[1:] >= got[:-1]).all()), (ctx, got.tolist())
+        assert bool((got >= SPSTableCostModel(profile).at_context(128).step_seconds(B) - 1e-12).all())
+    raw = SPSTableCostModel(profile, fit="none").at_context(512).step_seconds(torch.tensor([1.0, 8.0]))
+    assert raw[0] > raw[1]  # as measured and continued: the dip the fit removes
+    torch.testing.assert_close(SPSTableCostModel(profile).at_context(512).step_seconds(torch.tensor([1.0, 8.0])),
+                               torch.full((2,), (raw[0] + raw[1]).item() / 2, dtype=torch.float64))
+
+
 def test_one_curve_profiles_and_kv_free_rooflines_ignore_context():
     one = SPSTableCostModel.from_points({1: 0.01, 8: 0.02})
     assert one.at_context(4096) is one

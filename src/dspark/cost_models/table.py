@@ -187,16 +187,25 @@ class SPSTableCostModel(Accounted):
         return self._step_seconds(x)
 
     def _step_seconds(self, batch_size: torch.Tensor) -> torch.Tensor:
-        def read(pts: Curve) -> torch.Tensor:  # [K]
-            return table_step_seconds(batch_size, torch.tensor([b for b, _ in pts], dtype=torch.float64),
+        def read(pts: Curve, at: torch.Tensor = batch_size) -> torch.Tensor:  # [K]
+            return table_step_seconds(at, torch.tensor([b for b, _ in pts], dtype=torch.float64),
                                       torch.tensor([t for _, t in pts], dtype=torch.float64),
                                       self.interpolation, self.extrapolate)
 
         curves = self._fitted
         if self.context is None or len(curves) == 1:
             return read(self._main()[1])
-        return _read_at_context(float(self.context), [float(c) for c, _, _ in curves],  # type: ignore[arg-type]
-                                [read(pts) for _, pts, _ in curves])
+        ctxs = [float(c) for c, _, _ in curves]  # type: ignore[arg-type]
+        if self.fit == "monotone" and float(self.context) > ctxs[-1]:
+            # Beyond the last curve each B continues its own slope in the context, which can bend
+            # the curve down in B: read it at the profiled B and refit it monotone before reading.
+            sizes = sorted({b for _, pts, _ in curves for b, _ in pts})
+            grid = torch.tensor(sizes, dtype=torch.float64)  # [P]
+            at = [read(pts, grid) for _, pts, _ in curves]  # C × [P]
+            y = _read_at_context(float(self.context), ctxs, at)  # [P]
+            y = np.maximum(isotonic(y.numpy()), at[-1].numpy())  # both monotone: so is their max
+            return torch.maximum(read(tuple(zip(sizes, y.tolist()))), read(curves[-1][1]))  # B past the grid too
+        return _read_at_context(float(self.context), ctxs, [read(pts) for _, pts, _ in curves])
 
     def at_context(self, context: float, num_requests: int | None = None) -> SPSTableCostModel:
         """This model read at ``context`` tokens of KV cache per request (rounded to 16 tokens, so

@@ -1,0 +1,108 @@
+"""Schedulers side by side in lockstep: one round of each engine in turn, so that the VM's speed
+drifts (±40 % within a minute on the 2-core VMs) fall on every engine alike.
+
+    python scripts/lockstep_ab.py PROFILE.json --concurrency 1 --entries plain fixed:k=7 sps-greedy \\
+        [--gate sps-greedy] [--requests 6] [--max-new-tokens 64] [--out OUT.json]
+
+Every entry serves the same closed loop (c users, the shipped held-out prompts cycled, joins as
+requests finish) through its own engine over one shared bf16 model. Per entry: wall seconds in
+rounds, new tokens, tok/s and its ratio to the first entry, the mean draft and target parts of a
+round, and the median target step per batch size B (is a B-token verification dearer under one
+scheduler than under another?). Prefill is excluded (each engine's add_request runs outside the
+timed rounds). ``--gate NAME`` runs that entry with the draft gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("profile", help="an sps-table profile JSON (`dspark profile`)")
+    ap.add_argument("--entries", nargs="+", default=["plain", "fixed:k=7", "sps-greedy"])
+    ap.add_argument("--gate", action="append", default=[], help="entry run with the draft gate (repeatable)")
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--drafter", default=None, help="drafter spec (default: the shipped default)")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+
+    import dspark
+    from dspark.bench.run import build_engine
+    from dspark.bench.runner import parse_scheduler_spec
+    from dspark.checkpoints import DEFAULT_DRAFTER
+    from dspark.cost_models import SPSProfile
+    from dspark.engine import encode_prompt
+    from dspark.evaluation_runs import eval_prompts, load_drafter_spec
+    from dspark.gating import DraftGate  # noqa: F401  (build_engine makes it)
+    from dspark.models import load_causal_lm
+    from dspark.targets import HFTarget
+    from dspark.types import SamplingParams
+
+    torch.set_num_threads(2)
+    model, tok = load_causal_lm("smollm2-135m", torch.bfloat16)
+    cost = dspark.get_cost_model("sps-table", profile=SPSProfile.from_json(args.profile))
+    prompts = [encode_prompt(tok, p.text) for p in eval_prompts(None, max(1, -(-args.requests // 3)))][: args.requests]
+    systems = {}
+    for name in args.entries:
+        target = HFTarget(model, tok)
+        _, drafter, cal = load_drafter_spec(args.drafter or DEFAULT_DRAFTER, target)
+        systems[name] = build_engine(target, drafter, parse_scheduler_spec(name), cost, cal, gate=name in args.gate)
+    pending = {n: list(range(len(prompts)))[::-1] for n in systems}
+    live = dict.fromkeys(systems, 0)
+    stats = {n: {"seconds": 0.0, "tokens": 0, "rounds": 0, "draft": 0.0, "target": 0.0, "drafted": 0,
+                 "by_B": collections.defaultdict(list)} for n in systems}
+    greedy = SamplingParams.greedy()
+    turn = 0
+    while any(pending[n] or live[n] for n in systems):
+        names = list(systems)
+        names = names[turn % len(names):] + names[: turn % len(names)]  # rotate who goes first
+        turn += 1
+        for n in names:
+            e = systems[n]
+            while pending[n] and live[n] < args.concurrency:
+                e.add_request(prompts[pending[n].pop()], greedy, max_new_tokens=args.max_new_tokens)
+                live[n] += 1
+            if not live[n]:
+                continue
+            t0 = time.perf_counter()
+            out = e.step()
+            dt = time.perf_counter() - t0
+            s, info = stats[n], e.last_round
+            s["seconds"] += dt
+            s["tokens"] += sum(len(o.new_tokens) for o in out)
+            s["rounds"] += 1
+            s["draft"] += info.draft_seconds
+            s["target"] += info.target_seconds
+            s["drafted"] += int(info.drafted)
+            s["by_B"][info.batch_size].append(info.target_seconds)
+            live[n] -= len(e.pop_finished())
+    first = args.entries[0]
+    base = stats[first]["tokens"] / stats[first]["seconds"]
+    rows = {}
+    for n, s in stats.items():
+        tps = s["tokens"] / s["seconds"]
+        rows[n] = {"tok_s": round(tps, 2), "ratio": round(tps / base, 3), "tokens": s["tokens"], "rounds": s["rounds"],
+                   "round_ms": round(1e3 * s["seconds"] / s["rounds"], 2), "draft_ms": round(1e3 * s["draft"] / s["rounds"], 2),
+                   "target_ms": round(1e3 * s["target"] / s["rounds"], 2), "drafted": s["drafted"],
+                   "target_ms_by_B": {b: [round(1e3 * statistics.median(v), 2), len(v)] for b, v in sorted(s["by_B"].items())}}
+        print(n, json.dumps(rows[n]), flush=True)
+    result = {"concurrency": args.concurrency, "requests": args.requests, "max_new_tokens": args.max_new_tokens,
+              "profile": args.profile, "rows": rows, "command": " ".join(["python", "scripts/lockstep_ab.py", *(argv or sys.argv[1:])])}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
