@@ -9,7 +9,8 @@ requests finish) through its own engine over one shared bf16 model. Per entry: w
 rounds, new tokens, tok/s and its ratio to the first entry, the mean draft and target parts of a
 round, and the median target step per batch size B (is a B-token verification dearer under one
 scheduler than under another?). Prefill is excluded (each engine's add_request runs outside the
-timed rounds). ``--gate NAME`` runs that entry with the draft gate.
+timed rounds). ``--gate NAME`` runs that entry with the draft gate, starting from
+``--gate-prior`` where given (as `dspark bench` does; without one it learns from its own rounds).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("profile", help="an sps-table profile JSON (`dspark profile`)")
     ap.add_argument("--entries", nargs="+", default=["plain", "fixed:k=7", "sps-greedy"])
     ap.add_argument("--gate", action="append", default=[], help="entry run with the draft gate (repeatable)")
+    ap.add_argument("--gate-prior", help="a GatePrior JSON (`dspark bench`'s gate_prior.json) for the gated entries")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--requests", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from dspark.cost_models import SPSProfile
     from dspark.engine import encode_prompt
     from dspark.evaluation_runs import eval_prompts, load_drafter_spec
-    from dspark.gating import DraftGate  # noqa: F401  (build_engine makes it)
+    from dspark.gating import GatePrior
     from dspark.models import load_causal_lm
     from dspark.targets import HFTarget
     from dspark.types import SamplingParams
@@ -52,12 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     model, tok = load_causal_lm("smollm2-135m", torch.bfloat16)
     cost = dspark.get_cost_model("sps-table", profile=SPSProfile.from_json(args.profile))
+    prior = GatePrior.from_dict(json.loads(Path(args.gate_prior).read_text())) if args.gate_prior else None
     prompts = [encode_prompt(tok, p.text) for p in eval_prompts(None, max(1, -(-args.requests // 3)))][: args.requests]
     systems = {}
     for name in args.entries:
         target = HFTarget(model, tok)
         _, drafter, cal = load_drafter_spec(args.drafter or DEFAULT_DRAFTER, target)
-        systems[name] = build_engine(target, drafter, parse_scheduler_spec(name), cost, cal, gate=name in args.gate)
+        systems[name] = build_engine(target, drafter, parse_scheduler_spec(name), cost, cal, gate=name in args.gate,
+                                     prior=prior)
     pending = {n: list(range(len(prompts)))[::-1] for n in systems}
     live = dict.fromkeys(systems, 0)
     stats = {n: {"seconds": 0.0, "tokens": 0, "rounds": 0, "draft": 0.0, "target": 0.0, "drafted": 0,
