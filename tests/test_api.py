@@ -290,3 +290,30 @@ def test_train_init_from_a_checkpoint_starts_at_its_weights(tiny):
     assert any(not torch.allclose(a[k], c[k], atol=1e-3) for k in a if a[k].is_floating_point())
     with pytest.raises(ValueError, match="does not exist"):
         dspark.train(**base, out=root / "nope", init_from=root / "no-such-checkpoint")
+
+
+def test_a_calibrated_stacked_confidence_json_leaves_calibrate_on_the_head(tiny):
+    """Beside a calibrated `stacked` confidence.json, `dspark calibrate` still fits the head's logits
+    (the calibration.json vLLM / TensorRT-LLM read): its rounds carry the same confidences as the
+    folder without it; `dspark eval` scores the stack and says so."""
+    import shutil
+
+    from dspark.confidence import StackedConfidence
+
+    root, target, data, run = tiny
+    folder = root / "stacked-ck"
+    shutil.copytree(run.checkpoint, folder)
+    from dspark.drafters.checkpoint import read_config
+
+    gamma = read_config(folder).gamma
+    StackedConfidence(["head", "max-prob"], [[0.3, 0.2, 0.1, 0.1, -0.5]] * gamma, [0.0, 0.0], [1.0, 1.0]).save(
+        folder / "confidence.json")
+    kw = dict(skip=0, per_domain=2, prompts=data.eval_prompts_path, model=target, max_new_tokens=8, quiet=True)
+    with_stack = dspark.calibrate(checkpoint=folder, out=root / "cal-stack", **kw)
+    without = dspark.calibrate(checkpoint=run.checkpoint, out=root / "cal-head", **kw)
+    rounds = [json.loads((c.out / "calibration_rounds.json").read_text()) for c in (with_stack, without)]
+    drop = lambda r: {k: v for k, v in r.items() if k != "seconds"}  # noqa: E731  (timings differ)
+    assert drop(rounds[0]["test"]) == drop(rounds[1]["test"])  # the head's logits both times
+    ev = dspark.evaluate(drafters=[f"s={folder}"], temperatures=[0], prompts=data.eval_prompts_path, model=target,
+                         per_domain=2, max_new_tokens=8, concurrency=2, out=root / "eval-stack", quiet=True)
+    assert ev.results["runs"]["s@T=0.0"]["calibrated_with"] == "stacked (confidence.json)"
