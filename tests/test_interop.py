@@ -75,6 +75,23 @@ def test_sps_table_decomposed_and_whole_step():
             check_trtllm_sps_table(bad)
 
 
+def test_decomposed_sps_table_is_the_monotone_fit_of_noisy_shapes():
+    """Shapes timed with noise: θ dips at M = 4 (faster than M = 2) and α at R = 4 (below R = 2).
+    The written table never charges less for more tokens or more requests — the pooled values of
+    the isotonic fit, computed here by hand."""
+    theta = {1: 5e-5, 2: 1.0e-4, 4: 0.6e-4, 8: 4e-4, 16: 8e-4}.get
+    alpha = {1: 0.0, 2: 0.4e-3, 4: 0.2e-3}.get
+    shapes = shapes_of(2e-3, alpha, theta, [1, 2, 4], [1, 2, 4])
+    _, a_raw, th_raw = additive_cost_fit(shapes)
+    assert th_raw[4] < th_raw[2] and a_raw[4] < a_raw[2]  # the dips are in the raw fit
+    t = trtllm_sps_table(PROFILE, shapes, gamma=7)
+    steps, over = t["step_time_ms"], t["batch_overhead_ms"]
+    assert all(b >= a for a, b in zip(steps, steps[1:])) and all(b >= a for a, b in zip(over, over[1:]))
+    pooled = 1e3 * (th_raw[2] + th_raw[4]) / 2  # PAV pools the violating pair to its mean
+    assert steps[1] == pytest.approx(pooled) and steps[2] == pytest.approx(pooled)
+    assert over[1] == pytest.approx(over[2]) == pytest.approx(1e3 * (a_raw[2] + a_raw[4]) / 2)
+
+
 def test_best_fixed_lengths_follow_cost_and_acceptance():
     cm = dspark.get_cost_model("sps-table", profile=PROFILE)
     s = [0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07]

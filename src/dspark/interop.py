@@ -30,9 +30,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from dspark.cost_models import best_fixed_length, check_survival
+from dspark.cost_models.fit import isotonic
 from dspark.profiling import ProfileFitError, additive_cost_fit
 
 __all__ = [
@@ -90,7 +92,8 @@ def check_trtllm_sts(d: Mapping[str, Any]) -> None:
 def trtllm_sps_table(profile: Any, shapes: Mapping[tuple[int, int], float] | None = None,
                      gamma: int | None = None, context: float | None = None) -> dict[str, Any]:
     """An :class:`dspark.cost_models.SPSProfile` (and, when known, its per-shape timings) →
-    ``confidence_sps_table_path`` JSON. With shapes: the decomposed encoding (θ, bias, α). With
+    ``confidence_sps_table_path`` JSON. With shapes: the decomposed encoding (θ, bias, α; θ over M and
+    α over R fitted non-decreasing, as the sps-table model fits a profile). With
     only the profile's points: whole-step times at each B, as the ``sps-table`` model reads them
     (its monotone fit), and no overhead fields (TensorRT-LLM reads that as already including the
     step floor).
@@ -113,6 +116,9 @@ def trtllm_sps_table(profile: Any, shapes: Mapping[tuple[int, int], float] | Non
         meta["recommended_confidence_verify_len_tiers"] = sorted({1, math.ceil(gamma / 2), gamma})
     if shapes:
         bias, alpha, theta = additive_cost_fit(shapes)
+        if model.fit == "monotone":  # as the sps-table model reads a profile: never cheaper for more tokens or requests
+            theta = dict(zip(theta, isotonic(np.array(list(theta.values()))).tolist()))
+            alpha = dict(zip(alpha, isotonic(np.array(list(alpha.values()))).tolist()))
         out = {"token_counts": list(theta), "step_time_ms": [max(1e3 * t, MIN_THETA_MS) for t in theta.values()],
                "fixed_overhead_ms": 1e3 * max(bias, 0.0), "batch_sizes": list(alpha),
                "batch_overhead_ms": [1e3 * max(v, 0.0) for v in alpha.values()],
