@@ -119,7 +119,8 @@ class SPSTableCostModel(Accounted):
     ``context`` (tokens of KV cache per request) selects where between the profile's curves
     measured at different contexts the step times and α(R) are read: linear in the context
     between neighbouring curves, the nearest curve below the first, the last segment's slope
-    beyond the last (never below the last curve). ``None``, or a profile with one curve: the
+    beyond the last (never below the last curve; with ``fit="monotone"`` refitted non-decreasing in
+    B there). ``None``, or a profile with one curve: the
     profile's own ``points`` and ``batch_overhead``. :meth:`at_context` returns the model bound
     to a context.
     """
