@@ -140,12 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     fitted = models(data["fit"])
-    runs = {"fit → eval": rows(fitted, data["eval"])}
+    runs = {"fit → eval": (fitted, data["eval"])}  # run → (models, the rounds they are scored on)
     if args.split == "parity":  # the other direction: fitted on the eval half, scored on the fit half
-        runs["eval → fit (swapped)"] = rows(models(data["eval"]), data["fit"])
-    report = {run: {name: confidence_report(c, (data["eval"] if run == "fit → eval" else data["fit"])["accepted"],
-                                            (data["eval"] if run == "fit → eval" else data["fit"])["verified"], args.bins).to_dict()
-                    for name, c in r.items() if c is not None} for run, r in runs.items()}
+        runs["eval → fit (swapped)"] = (models(data["eval"]), data["fit"])
+    report = {run: {name: confidence_report(c, ev["accepted"], ev["verified"], args.bins).to_dict()
+                    for name, c in rows(m, ev).items() if c is not None} for run, (m, ev) in runs.items()}
     shipped = fitted["squares"]
     held = report["fit → eval"][f"stacked {'+'.join(chosen)} with squares (shipped form)"]
     shipped.save(out / "confidence.json", drafter=args.drafter, fit_rounds=len(data["fit"]["accepted"]),

@@ -37,10 +37,14 @@ CONFIDENCE_FILE = "confidence.json"
 """A checkpoint folder's own confidence model, next to its calibration.json (fitted on its logits)."""
 
 
+def _clamped_logit(p: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """logit(p) with p clamped to [eps, 1 − eps]: finite for probabilities that round to 0 or 1."""
+    return torch.logit(p.clamp(eps, 1 - eps))
+
+
 def max_prob_logits(q: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """logit(max_v q_j(v)), clamped away from ±inf. q [R, γ, V] → [R, γ]."""
-    m = q.float().amax(dim=-1).clamp(eps, 1 - eps)  # [R, γ]
-    return torch.logit(m)
+    return _clamped_logit(q.float().amax(dim=-1), eps)  # [R, γ]
 
 
 def _proxy_distribution(block: DraftBlock) -> torch.Tensor:
@@ -165,16 +169,12 @@ def _head(block: DraftBlock, stats: _ProxyStats | None) -> torch.Tensor:
     return block.confidence_logits.float()  # [R, γ]
 
 
-def _logit_of_log(logp: torch.Tensor) -> torch.Tensor:
-    return torch.logit(logp.exp().clamp(1e-6, 1 - 1e-6))
-
-
 FEATURES: dict[str, Callable[[DraftBlock, Any], torch.Tensor]] = {
     "head": _head,  # the drafter's confidence-head logit
-    "max-prob": lambda block, st: _logit_of_log(st.top[..., 0]),  # logit max_v q_j(v)
+    "max-prob": lambda block, st: _clamped_logit(st.top[..., 0].exp()),  # logit max_v q_j(v)
     "margin": lambda block, st: st.top[..., 0] - st.top[..., min(1, st.top.shape[-1] - 1)],  # log q(1st) − log q(2nd)
     "neg-entropy": lambda block, st: (st.logp.exp() * st.logp).sum(-1),  # Σ_v q_j(v) log q_j(v)
-    "top5-mass": lambda block, st: torch.logit(st.top[..., :5].exp().sum(-1).clamp(1e-6, 1 - 1e-6)),
+    "top5-mass": lambda block, st: _clamped_logit(st.top[..., :5].exp().sum(-1)),
 }
 """Confidence features of a draft block, each [R, γ], from the head logit or from the proxy
 distribution q_j = softmax(Ũ_j) (of q_j itself when the block has no logits): all read h_j and
@@ -182,11 +182,15 @@ x̂_{j-1} only."""
 _TOP_K = {"max-prob": 1, "margin": 2, "top5-mass": 5}  # how many of q_j's largest each reads
 
 
-def confidence_features(block: DraftBlock, names: Sequence[str]) -> torch.Tensor:
-    """The named :data:`FEATURES` of a block, stacked last. → [R, γ, F]"""
+def _check_known(names: Sequence[str]) -> None:
     unknown = [n for n in names if n not in FEATURES]
     if unknown:
         raise ValueError(f"unknown confidence feature(s) {unknown}; known: {sorted(FEATURES)}")
+
+
+def confidence_features(block: DraftBlock, names: Sequence[str]) -> torch.Tensor:
+    """The named :data:`FEATURES` of a block, stacked last. → [R, γ, F]"""
+    _check_known(names)
     stats = None
     if any(n != "head" for n in names):
         stats = _proxy_stats(block, max([_TOP_K.get(n, 1) for n in names]), "neg-entropy" in names)
@@ -197,9 +201,7 @@ def _names(value: object) -> tuple[str, ...]:
     names = tuple(value) if isinstance(value, (list, tuple)) else ()
     if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
         raise ValueError(f"features must be distinct feature names, got {value!r}")
-    unknown = [n for n in names if n not in FEATURES]
-    if unknown:
-        raise ValueError(f"unknown confidence feature(s) {unknown}; known: {sorted(FEATURES)}")
+    _check_known(names)
     return names
 
 

@@ -212,12 +212,12 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     the speed-up at concurrency 1; writes ``demo.json`` and ``demo.md`` to ``options.out``.
     ``overrides`` replace fields of ``options`` (or of the defaults)."""
     from dspark.checkpoints import resolve_checkpoint
-    from dspark.confidence import load_confidence_model
     from dspark.data.natural.common import SHIPPED_EVAL
     from dspark.data.prompts import prompt_request
+    from dspark.drafters.checkpoint import folder_confidence_model
     from dspark.drafters.prune import parse_drafter_ref, variant_label
     from dspark.engine import encode_prompt
-    from dspark.evaluation_runs import eval_prompts, folder_calibrator
+    from dspark.evaluation_runs import calibration_label, calibrator_beside, eval_prompts
 
     opts = resolve_options(DemoOptions, options, overrides)
     prompt_file = opts.prompts or str(SHIPPED_EVAL)
@@ -227,10 +227,9 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     folder = resolve_checkpoint(name)
     ref = (folder, draft_vocab)
     label = variant_label(folder.name, draft_vocab)
-    calibrator = folder_calibrator(folder, draft_vocab)  # None under a calibrated confidence.json
-    own = load_confidence_model(folder) if draft_vocab is None else None
-    calibration = (f"{calibrator.name} (calibration.json)" if calibrator is not None
-                   else f"{own.name} confidence (confidence.json)" if getattr(own, "calibrated", False) else None)
+    own = folder_confidence_model(folder, draft_vocab)
+    calibrator = calibrator_beside(folder, own)  # None under a calibrated confidence.json
+    calibration = calibration_label(calibrator, own)
     greedy = SamplingParams.greedy()
 
     # 1–2. correctness, fp32 ------------------------------------------------------------------

@@ -87,21 +87,35 @@ def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
     from dspark.drafters.checkpoint import from_pretrained
 
     drafter = from_pretrained(folder, target, draft_vocab=draft_vocab)
-    return label, drafter, folder_calibrator(folder, draft_vocab)
+    return label, drafter, calibrator_beside(folder, drafter.confidence_model)
 
 
 def folder_calibrator(folder: Any, draft_vocab: int | None = None) -> Any:
-    """The calibrator for the confidence logits the engine reads from a checkpoint folder's drafter:
-    none when its ``confidence.json`` is calibrated itself (``stacked``; attached to the
-    full-vocabulary drafter only, as :func:`~dspark.drafters.checkpoint.from_pretrained` does),
-    else its ``calibration.json`` (fitted on the confidence head's logits), else None."""
-    from dspark.calibration import load_calibrator
-    from dspark.confidence import load_confidence_model
+    """The calibrator for the confidence logits the engine reads from a checkpoint folder's drafter
+    (its confidence model as :func:`~dspark.drafters.checkpoint.folder_confidence_model` gives it):
+    :func:`calibrator_beside` it."""
+    from dspark.drafters.checkpoint import folder_confidence_model
 
-    if draft_vocab is None and getattr(load_confidence_model(folder), "calibrated", False):
+    return calibrator_beside(folder, folder_confidence_model(folder, draft_vocab))
+
+
+def calibrator_beside(folder: Any, confidence_model: Any) -> Any:
+    """None when ``confidence_model`` (the folder's drafter's) is calibrated itself (``stacked``),
+    else the folder's ``calibration.json`` (fitted on the confidence head's logits), else None."""
+    from dspark.calibration import load_calibrator
+
+    if getattr(confidence_model, "calibrated", False):
         return None
     cal = Path(folder) / "calibration.json"
     return load_calibrator(cal) if cal.is_file() else None
+
+
+def calibration_label(calibrator: Any, confidence_model: Any) -> str | None:
+    """What calibrates the engine's confidences, for reports: the folder's calibration.json, a
+    confidence.json calibrated itself, or None (raw)."""
+    if calibrator is not None:
+        return f"{calibrator.name} (calibration.json)"
+    return f"{confidence_model.name} (confidence.json)" if getattr(confidence_model, "calibrated", False) else None
 
 
 def _split_label(spec: str) -> tuple[str, str]:
@@ -431,9 +445,7 @@ def evaluate(options: EvalOptions | None = None, /, **overrides: Any) -> EvalRes
                                         concurrency=opts.concurrency, progress=not opts.quiet, seed=opts.seed)
                 save_json(rounds.to_dict(), cache)
             res = evaluate_rounds(rounds, cal, THRESHOLDS)
-            own = getattr(drafter, "confidence_model", None)
-            res["calibrated_with"] = (f"{cal.name} (calibration.json)" if cal is not None
-                                      else f"{own.name} (confidence.json)" if getattr(own, "calibrated", False) else None)
+            res["calibrated_with"] = calibration_label(cal, getattr(drafter, "confidence_model", None))
             results["runs"][f"{label}@T={temp}"] = {"drafter": label, "temperature": temp, **res}
             print(f"{label:>16} T={temp}: τ {res['overall']['tau']:.3f} "
                   + " ".join(f"{d}={v['tau']:.2f}" for d, v in res["domains"].items()), file=sys.stderr)

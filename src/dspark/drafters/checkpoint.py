@@ -87,10 +87,14 @@ def from_pretrained(path: str | Path, target: Any = None, draft_vocab: int | Non
         if draft_vocab > len(ranking):
             raise ValueError(f"{Path(path) / 'token_ranking.json'} ranks {len(ranking)} tokens; cannot keep {draft_vocab}")
         drafter = prune_draft_vocab(drafter, ranking[:draft_vocab])
+    drafter.confidence_model = folder_confidence_model(path, draft_vocab)  # the engine's default
+    return drafter
+
+
+def folder_confidence_model(path: str | Path, draft_vocab: int | None = None) -> Any:
+    """The confidence model a checkpoint folder gives its drafter (its ``confidence.json``, or
+    None). Not for a vocabulary cut, whose proxy features differ from those it was fitted on (the
+    head and its calibration.json still apply: the head does not read the vocabulary)."""
     from dspark.confidence import load_confidence_model
 
-    # the folder's own confidence model, which the engine uses unless told otherwise; not for a
-    # vocabulary cut, whose proxy features differ from those it was fitted on (the head and its
-    # calibration.json still apply: the head does not read the vocabulary)
-    drafter.confidence_model = load_confidence_model(path) if draft_vocab is None else None
-    return drafter
+    return load_confidence_model(path) if draft_vocab is None else None
