@@ -186,3 +186,54 @@ def test_one_requests_rejected_opening_does_not_stop_drafting_that_the_forecast_
     for _ in range(8):
         rejected_round(g, "a")
     assert g.skip > 0
+
+
+# -- the machine's speed drifts: rounds on the cost model's clock ------------------------------------
+
+
+def _drift_rounds(gate: DraftGate, cm, slow: float) -> bool:
+    """Eight plain rounds at the profile's speed, then drafted rounds with the machine ``slow``×
+    slower: R = 2, ℓ = 1 each (B = 4 packed), τ̂ 2 a request, drafting 4 ms (profile's clock).
+    On the profile's clock drafting pays 4 / 0.022 against plain's 2 / 0.014 (1.27×) at any speed.
+    Returns whether the gate decided to skip."""
+    plain_step = 0.01 + 0.002 * 2
+    for _ in range(8):
+        gate.observe(2, False, 2, plain_step, cm, target_seconds=plain_step)
+    verify = 0.01 + 0.002 * 4
+    skipped = False
+    for _ in range(8):
+        seconds = slow * (verify + 0.004)
+        skipped |= gate.observe(2, True, 4, seconds, cm, draft_seconds=slow * 0.004, gamma=1, expected=4.0,
+                                lengths=torch.tensor([1, 1]), accepted=torch.tensor([1, 1]),
+                                target_seconds=slow * verify)
+    return skipped
+
+
+def test_a_slower_machine_is_not_read_as_a_loss_of_drafting():
+    """The plain rounds ran in a fast minute, the drafted ones in a slow one (1.5×: the 2-core VMs
+    drift by ±40 % within a minute). On the wall clock drafting reads 4 / 0.033 against 2 / 0.014:
+    a loss, and the gate skips. Each round divided by its own φ (verification seconds / the
+    model's t(B) + α(R)) compares the same machine: drafting pays, no skip. Without the
+    verification seconds (a caller that does not pass them) the wall clock is all there is."""
+    cm = _cost({b: 0.01 + 0.002 * b for b in range(1, 17)})
+    assert not _drift_rounds(DraftGate(), cm, slow=1.5)
+    assert _drift_rounds(DraftGate(speed_normalised=False), cm, slow=1.5)
+    assert not _drift_rounds(DraftGate(), cm, slow=1.0)  # no drift: both clocks agree
+
+
+def test_speed_factor_and_the_overhead_on_the_cost_models_clock():
+    """φ = measured / modelled verification, clipped to [1/4, 4]; the overhead a drafted round
+    measures is its excess over t(B) + α(R) on the model's clock, so a machine running 2× slow
+    measures the same 4 ms of drafting that it would at the profile's speed (on the wall clock:
+    2 · (18 + 4) − 18 = 26 ms)."""
+    from dspark.gating import speed_factor
+
+    assert speed_factor(0.030, 0.020) == pytest.approx(1.5)
+    assert speed_factor(1.0, 0.010) == 4.0 and speed_factor(0.001, 0.010) == 0.25
+    assert speed_factor(0.0, 0.010) == 1.0 and speed_factor(0.02, 0.0) == 1.0
+    cm = _cost({b: 0.01 + 0.002 * b for b in range(1, 17)})
+    for normalised, want in ((True, 0.004), (False, 2 * 0.022 - 0.018)):
+        g = DraftGate(speed_normalised=normalised, min_evidence=1)
+        g.observe(2, True, 4, 2 * 0.022, cm, draft_seconds=0.008, gamma=1, expected=4.0,
+                  lengths=torch.tensor([1, 1]), accepted=torch.tensor([1, 1]), target_seconds=2 * 0.018)
+        assert g.overhead[2].value == pytest.approx(want)

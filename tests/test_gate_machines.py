@@ -265,3 +265,22 @@ def test_the_catch_up_after_a_skip_is_not_charged_to_drafting(model):
         times[name] = clock.now
     assert engine.draft_gate.skipped_rounds > 0  # the openings were cut
     assert times["plain"] / times["gated"] > 1.3, times
+
+
+
+def test_the_prior_overhead_is_measured_on_the_cost_models_clock(model):
+    """measure_draft_overhead on a machine running 1.5× slower than its profile (verification and
+    drafting alike; drafting 0.3 C at the profile's speed): the overhead is the 0.3 C of drafting
+    in the profile's seconds, what the forecast adds to the profile's t(B). On the wall clock it
+    would also hold the slow verification's excess (0.5 · t(B) beyond plain's 0.5 · t(1)) and
+    0.45 C of drafting — with the profile's t(B) that forecast a loss where drafting pays."""
+    from dspark.bench.prior import measure_draft_overhead
+
+    step = lambda q: C * (0.9 + 0.1 * q)  # noqa: E731
+    clock = VirtualClock()
+    slow = lambda now: 1.5  # noqa: E731
+    cost = SPSTableCostModel.from_points({q: step(q) for q in range(1, GAMMA + 2)}, accounting="packed")
+    target = TimedTarget(HFTarget(model), clock, lambda q: slow(clock.now) * step(q))
+    drafter = OracleDrafter(model, clock, 1.5 * 0.3 * C, lambda i: 2)
+    out = measure_draft_overhead(target, drafter, PROMPTS, [1, 2], cost, rounds=3, passes=1, clock=clock)
+    assert out == pytest.approx({1: 0.3 * C, 2: 0.3 * C}, rel=1e-6)

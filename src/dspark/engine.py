@@ -375,7 +375,7 @@ class Engine:
             self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model,
                                     draft_seconds=t_draft if drafted else None, gamma=gamma, catch_up=catch_up,
                                     expected=float(expected) if drafted else None,
-                                    lengths=lengths, accepted=accepted,
+                                    lengths=lengths, accepted=accepted, target_seconds=t_target,
                                     survival=torch.cumprod(res.confidence, dim=1) if res.confidence is not None else None)
         self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
                                     t_draft, t_target, seconds, sum(before) / R)

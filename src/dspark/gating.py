@@ -71,6 +71,20 @@ at R = 1 one request whose opening the drafter missed made the rates say "loss" 
 rounds, and the gate kept the drafter off for the rest of the run (bench30, c = 1, r0: 0.81× plain,
 where drafting ran 1.13–1.18× in the other two repeats).
 
+The machine's speed drifts. On the 2-core VMs this project measures on, a plain step's time
+wanders by up to ±40 % within a minute, and the gate compares rounds measured at different
+moments: the plain rate of rounds run before a drafting stretch against the drafted rounds of
+now, an overhead measured in a fast minute against one measured in a slow one. A drift is then
+read as a gain or a loss of drafting, and near break-even (c = 2–4 on this CPU) it decided
+whether a run drafted 117 or 240 of its rounds. So each round is put on the cost model's clock
+(``speed_normalised``, given the round's verification seconds): the speed factor
+φ = measured verification seconds / the cost model's t(B) + α(R) of the same step, and every
+second of the round — drafting, verification, the engine's own work — is divided by it. Rates and
+overheads are then in the profile's seconds, whatever the machine's speed at the time: what the
+gate still measures is the part of a round the cost model does not describe (drafting,
+bookkeeping), relative to the verification beside it. What it now takes from the cost model is
+the ratio of step times at different B (the profile's shape), not their level.
+
 Lossless: a skipped round is plain decoding, and the decision reads only committed rounds.
 """
 
@@ -91,7 +105,7 @@ from dspark.cost_models.accounting import (
 )
 from dspark.protocols.cost_model import CostModel
 
-__all__ = ["DraftGate", "GatePrior", "batch_bucket"]
+__all__ = ["DraftGate", "GatePrior", "batch_bucket", "speed_factor"]
 
 
 def batch_bucket(num_requests: int) -> int:
@@ -117,6 +131,16 @@ class _Rate:
         return self.tokens / max(self.seconds, 1e-12)
 
 
+def speed_factor(measured: float, modelled: float) -> float:
+    """φ = a verification step's measured seconds / the cost model's t(B) + α(R) for it: how much
+    slower than its profile the machine runs now (module docstring). Clipped to [1/4, 4]: a step 4×
+    off the profile is not the machine's speed (another machine's profile, a stall), and the round
+    is then taken at face value × 4. 1 where either is not positive."""
+    if not (measured > 0.0 and modelled > 0.0):
+        return 1.0
+    return min(max(measured / modelled, 0.25), 4.0)
+
+
 def _survival(value: Any) -> tuple[float, ...]:
     return tuple(check_survival(value))
 
@@ -140,7 +164,8 @@ class GatePrior:
     """What the gate assumes before it has measured (module docstring): the drafter's acceptance
     survival s_j = P(accepted ≥ j), j = 1..γ, on this workload, and ``draft_overhead`` {R: seconds}
     a drafted round spends beyond a plain round at R requests, besides the verification of its
-    drafts (drafting, the drafter catching up, bookkeeping), timed at some R."""
+    drafts (drafting, the drafter catching up, bookkeeping), timed at some R — on the cost model's
+    clock, as the gate measures its own (``DraftGate.speed_normalised``; ``dspark.bench.prior``)."""
 
     survival: tuple[float, ...] = field(converter=_survival)
     draft_overhead: Mapping[int, float] = field(converter=_overheads, validator=_check_overheads)
@@ -210,6 +235,7 @@ class DraftGate:
     forecast_margin: float = field(default=1.0, converter=float, validator=validators.gt(0.0))
     forecast_probe: int = field(default=512, validator=[validators.instance_of(int), validators.ge(1)])
     min_requests: int = field(default=4, validator=[validators.instance_of(int), validators.ge(1)])
+    speed_normalised: bool = field(default=True, validator=validators.instance_of(bool))
     skip: int = field(default=0, init=False)  # rounds left to run without drafting
     backoff: int = field(default=0, init=False)  # the next skip length; 0 = min_backoff
     skipped_rounds: int = field(default=0, init=False)
@@ -363,15 +389,22 @@ class DraftGate:
                 cost_model: CostModel, draft_seconds: float | None = None, gamma: int = 0,
                 expected: float | None = None, lengths: torch.Tensor | None = None,
                 accepted: torch.Tensor | None = None, survival: torch.Tensor | None = None,
-                catch_up: float = 0.0) -> bool:
+                catch_up: float = 0.0, target_seconds: float | None = None) -> bool:
         """Record a finished round (R, drafted?, tokens committed, its seconds; for drafted rounds
         optionally the drafting seconds and γ, which enable the bound, the scheduler's τ̂, and for
         the forecast the per-request verified lengths ℓ [R], accepted drafts [R] and calibrated
         prefix survival [R, γ]); returns True when the following rounds will skip drafting.
         ``catch_up``: seconds of a drafted round spent ingesting the context of earlier skipped
         rounds (part of ``seconds`` and ``draft_seconds``); left out of the rates, the overhead and
-        the bound, which judge drafting every round — the catch-up is what the skip cost."""
+        the bound, which judge drafting every round — the catch-up is what the skip cost.
+        ``target_seconds``: the round's verification step, which puts the round on the cost model's
+        clock (``speed_normalised``, module docstring)."""
         b = batch_bucket(num_requests)
+        phi = 1.0 if drafted and lengths is None else self.speed_factor(
+            num_requests, lengths if drafted else None, target_seconds, cost_model)
+        seconds, catch_up = seconds / phi, catch_up / phi
+        if draft_seconds is not None:
+            draft_seconds = draft_seconds / phi
         paid = seconds  # what this probe cost, catch-up included (the probe budget's excess)
         if drafted and catch_up > 0.0:
             seconds = max(seconds - catch_up, 1e-9)
@@ -428,6 +461,15 @@ class DraftGate:
         self.wins[b] = self.wins.get(b, 0) + 1
         self.backoff = 0
         return False
+
+    def speed_factor(self, num_requests: int, lengths: torch.Tensor | None, target_seconds: float | None,
+                     cost_model: CostModel) -> float:
+        """φ of a round (:func:`speed_factor`) whose ``lengths`` [R] drafts were verified (None: a
+        plain round); 1 when not ``speed_normalised`` or without the verification seconds."""
+        if not self.speed_normalised or target_seconds is None:
+            return 1.0
+        lengths = torch.zeros(num_requests, dtype=torch.long) if lengths is None else lengths.long()
+        return speed_factor(target_seconds, round_seconds(cost_model, cost_model.batch_size(lengths), num_requests))
 
     def _add_requests(self, seen: set, num_requests: int) -> None:
         """Add this round's request ids (from should_draft) to ``seen``, up to ``min_requests`` of

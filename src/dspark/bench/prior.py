@@ -9,7 +9,13 @@ before any gated round ran (:class:`dspark.gating.GatePrior`).
   prompts, is left out). The passes alternate (plain, drafted, plain, drafted, …) so that a shared
   machine's drift reaches both sides: with one short pass each, a 2-core VM whose speed wanders
   by ±20 % measured 2.6 ms at R = 1 for a drafter whose rounds cost 34 ms more than plain ones
-  (bench28, docs/serving.md).
+  (bench28, docs/serving.md). Each round is taken on the cost model's clock, as the gate takes its
+  own rounds (``DraftGate.speed_normalised``): its seconds divided by φ = its verification step's
+  seconds / the model's t(B) + α(R). The overhead is then in the profile's seconds, the unit of the
+  forecast's t(B), even when the machine ran at another speed while the profile was taken (on
+  2026-12-04 a B = 2 step took 52 ms in the engine against the profile's 38 ms taken 20 minutes
+  earlier, and the prior's 39 ms of drafting at R = 2 read against 38 ms steps forecast a loss
+  where drafting every round measured 1.125× plain).
 
 A serving engine's operator would time these once per deployment, as for the TensorRT-LLM table.
 """
@@ -24,8 +30,10 @@ __all__ = ["measure_draft_overhead"]
 
 
 def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: int, cost_model_at: Any) -> list[float]:
-    """Seconds beyond the cost model's t(B) + α(R) of rounds 2..``rounds`` of R requests."""
+    """Seconds beyond the cost model's t(B) + α(R) of rounds 2..``rounds`` of R requests, on the
+    cost model's clock (each round's seconds / φ, φ = its verification seconds / t(B) + α(R))."""
     from dspark.cost_models import round_seconds
+    from dspark.gating import speed_factor
     from dspark.types import SamplingParams
 
     for i in range(num_requests):
@@ -37,7 +45,8 @@ def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: in
         info = engine.last_round
         if k and info.num_requests == num_requests:
             cm = cost_model_at(info.context, info.num_requests)
-            out.append(info.seconds - round_seconds(cm, info.batch_size, info.num_requests))
+            modelled = round_seconds(cm, info.batch_size, info.num_requests)
+            out.append(info.seconds / speed_factor(info.target_seconds, modelled) - modelled)
     for rid in list(engine.active):
         engine.abort(rid)
     engine.pop_finished()
@@ -46,10 +55,11 @@ def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: in
 
 def measure_draft_overhead(target: Any, drafter: Any, ids: Sequence[Any], num_requests: Sequence[int],
                            cost_model: Any, calibrator: Any = None, rounds: int = 4,
-                           progress: bool = False, passes: int = 3) -> dict[int, float]:
+                           progress: bool = False, passes: int = 3, clock: Any = None) -> dict[int, float]:
     """{R: seconds} a round drafting γ for R requests spends beyond a plain round, besides the
-    verification of its drafts (module docstring): ``passes`` alternating pairs of a plain and a
-    drafted pass of ``rounds`` rounds each."""
+    verification of its drafts, on the cost model's clock (module docstring): ``passes``
+    alternating pairs of a plain and a drafted pass of ``rounds`` rounds each. ``clock``: the
+    engines' clock (tests; default ``time.perf_counter``)."""
     import dspark
     from dspark.cost_models.context import ContextBinding
     from dspark.engine import Engine
@@ -67,9 +77,10 @@ def measure_draft_overhead(target: Any, drafter: Any, ids: Sequence[Any], num_re
         plain, drafted = [], []
         for _ in range(passes):
             target.set_capture_layers(())
-            plain += _round_excess(Engine(target, None, cost_model=cost_model), ids, R, rounds, at)
+            timed = {} if clock is None else {"clock": clock}
+            plain += _round_excess(Engine(target, None, cost_model=cost_model, **timed), ids, R, rounds, at)
             drafted += _round_excess(Engine(target, drafter, scheduler=fixed, cost_model=cost_model,
-                                            calibrator=calibrator or "identity"), ids, R, rounds, at)
+                                            calibrator=calibrator or "identity", **timed), ids, R, rounds, at)
         if plain and drafted:
             out[R] = max(statistics.median(drafted) - statistics.median(plain), 0.0)
     return out
