@@ -75,8 +75,10 @@ The machine's speed drifts. On the 2-core VMs this project measures on, a plain 
 wanders by up to ±40 % within a minute, and the gate compares rounds measured at different
 moments: the plain rate of rounds run before a drafting stretch against the drafted rounds of
 now, an overhead measured in a fast minute against one measured in a slow one. A drift is then
-read as a gain or a loss of drafting, and near break-even (c = 2–4 on this CPU) it decided
-whether a run drafted 117 or 240 of its rounds. So each round is put on the cost model's clock
+read as a gain or a loss of drafting. Near break-even it decides: at c = 2 on this CPU a prior
+whose overhead was timed on the wall clock, read against profile step times taken 20 minutes
+earlier on a faster machine, forecast a loss, and the gate drafted 10 of 522 rounds where drafting
+every round measured 1.15–1.21× plain (docs/serving.md, 2026-12-04). So each round is put on the cost model's clock
 (``speed_normalised``, given the round's verification seconds): the speed factor
 φ = measured verification seconds / the cost model's t(B) + α(R) of the same step, and every
 second of the round — drafting, verification, the engine's own work — is divided by it. Rates and
@@ -400,7 +402,7 @@ class DraftGate:
         ``target_seconds``: the round's verification step, which puts the round on the cost model's
         clock (``speed_normalised``, module docstring)."""
         b = batch_bucket(num_requests)
-        phi = 1.0 if drafted and lengths is None else self.speed_factor(
+        phi = 1.0 if drafted and lengths is None else self._round_speed(
             num_requests, lengths if drafted else None, target_seconds, cost_model)
         seconds, catch_up = seconds / phi, catch_up / phi
         if draft_seconds is not None:
@@ -462,7 +464,7 @@ class DraftGate:
         self.backoff = 0
         return False
 
-    def speed_factor(self, num_requests: int, lengths: torch.Tensor | None, target_seconds: float | None,
+    def _round_speed(self, num_requests: int, lengths: torch.Tensor | None, target_seconds: float | None,
                      cost_model: CostModel) -> float:
         """φ of a round (:func:`speed_factor`) whose ``lengths`` [R] drafts were verified (None: a
         plain round); 1 when not ``speed_normalised`` or without the verification seconds."""
