@@ -75,10 +75,12 @@ SCHEDULERS = {
 
 
 def gate_for(sched):
-    # hopeless_skip=2: FLAT's plain-step estimate makes the gate's bound call the first drafted
-    # round hopeless; with the default (256 rounds, never reopened) no round after it was drafted,
-    # so the drafter's catch-up on skipped tokens was never exercised here.
-    return DraftGate(min_backoff=1, max_backoff=2, hopeless_skip=2) if sched.endswith("+gate") else None
+    # Short skips by every rule (the bound, the forecast, the measured rates' probe budget), so that
+    # drafted rounds follow skipped ones within a test's few tokens and the drafter's catch-up on
+    # skipped tokens is exercised: the random drafters lose, and with the defaults (256–512 rounds,
+    # or ~230 by the 0.5 % probe budget on a clear loss) no round after the first skip was drafted.
+    return DraftGate(min_backoff=1, max_backoff=2, hopeless_skip=2, forecast_probe=2,
+                     probe_budget=0.9) if sched.endswith("+gate") else None
 
 
 # A flat "packed" profile: drafting always pays, so sps-greedy verifies every draft with a non-negligible
@@ -150,7 +152,8 @@ def test_capture_pauses_during_long_skips_and_drafting_resumes_losslessly(model,
     really paused, and drafts after a gap were verified."""
     target = CaptureSpy(model)
     engine = Engine(target, drafter_for(target, dname), scheduler="sps-greedy", cost_model=FLAT,
-                    draft_gate=DraftGate(min_backoff=3, max_backoff=6, hopeless_skip=6), clock=TickClock(),
+                    draft_gate=DraftGate(min_backoff=3, max_backoff=6, hopeless_skip=6, forecast_probe=6,
+                                         probe_budget=0.9), clock=TickClock(),
                     capture_ahead=1)
     infos = record_rounds(engine)
     prompts = [torch.tensor(p) for p in PROMPTS]

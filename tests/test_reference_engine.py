@@ -86,9 +86,13 @@ SCHEDULERS = {
 def _engine(name: str, sched: str, seed: int = 0) -> Engine:
     target = rf.target()  # a fresh HFTarget (own KV caches) over the shared fixture model
     kind, cfg = SCHEDULERS[sched]
-    # hopeless_skip=2: the gate's bound calls the first drafted round hopeless (FLAT's estimate); with
-    # the default 256-round skip, never reopened, no later round was drafted (no catch-up tested)
-    gate = DraftGate(min_backoff=1, max_backoff=2, hopeless_skip=2) if sched.endswith("+gate") else None
+    # Short skips, so that a skipped round is followed by a drafted one (the catch-up is tested): the
+    # random drafters lose, and the gate says so by its bound (hopeless_skip), its forecast
+    # (forecast_probe) or its measured rates (a skip of up to max_backoff, or up to what keeps a
+    # probe under probe_budget of plain decoding's time: with the default 0.5 % a clear loss skips
+    # ~230 rounds here, past this test's 20 tokens)
+    gate = DraftGate(min_backoff=1, max_backoff=2, hopeless_skip=2, forecast_probe=2,
+                     probe_budget=0.9) if sched.endswith("+gate") else None
     return Engine(target, from_pretrained(rf.folder(name), target), scheduler=dspark.get_scheduler(kind, **cfg),
                   cost_model=FLAT, draft_gate=gate, seed=seed, clock=TickClock())
 

@@ -135,12 +135,15 @@ class _Rate:
 
 def speed_factor(measured: float, modelled: float) -> float:
     """φ = a verification step's measured seconds / the cost model's t(B) + α(R) for it: how much
-    slower than its profile the machine runs now (module docstring). Clipped to [1/4, 4]: a step 4×
-    off the profile is not the machine's speed (another machine's profile, a stall), and the round
-    is then taken at face value × 4. 1 where either is not positive."""
+    slower than its profile the machine runs now (module docstring); 1 where either is not
+    positive. Not clipped: whatever φ is, a round divided by it compares its drafting with the
+    verification beside it and takes only the profile's shape t(B) / t(B′), so even a profile of
+    another machine (φ = 10 under a test's tick clock) gives consistent units, where a clip would mix
+    wall and profile seconds again. A stall in one verification inflates that round's φ; the
+    gate's decayed sums hold it for a few rounds, as they held the stall's seconds before."""
     if not (measured > 0.0 and modelled > 0.0):
         return 1.0
-    return min(max(measured / modelled, 0.25), 4.0)
+    return measured / modelled
 
 
 def _survival(value: Any) -> tuple[float, ...]:
