@@ -223,10 +223,9 @@ def test_a_slower_machine_is_not_read_as_a_loss_of_drafting():
 
 def test_speed_factor_and_the_overhead_on_the_cost_models_clock():
     """φ = measured / modelled verification (not clipped: a profile 10× off still gives consistent
-    units); the overhead a drafted round
-    measures is its excess over t(B) + α(R) on the model's clock, so a machine running 2× slow
-    measures the same 4 ms of drafting that it would at the profile's speed (on the wall clock:
-    2 · (18 + 4) − 18 = 26 ms)."""
+    units); the overhead a drafted round measures is its excess over t(B) + α(R) on the model's
+    clock, so a machine running 2× slow measures the same 4 ms of drafting that it would at the
+    profile's speed (on the wall clock: 2 · (18 + 4) − 18 = 26 ms)."""
     from dspark.gating import speed_factor
 
     assert speed_factor(0.030, 0.020) == pytest.approx(1.5)

@@ -267,7 +267,6 @@ def test_the_catch_up_after_a_skip_is_not_charged_to_drafting(model):
     assert times["plain"] / times["gated"] > 1.3, times
 
 
-
 def test_the_prior_overhead_is_measured_on_the_cost_models_clock(model):
     """measure_draft_overhead on a machine running 1.5× slower than its profile (verification and
     drafting alike; drafting 0.3 C at the profile's speed): the overhead is the 0.3 C of drafting

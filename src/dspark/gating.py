@@ -78,8 +78,8 @@ now, an overhead measured in a fast minute against one measured in a slow one. A
 read as a gain or a loss of drafting. Near break-even it decides: at c = 2 on this CPU a prior
 whose overhead was timed on the wall clock, read against profile step times taken 20 minutes
 earlier on a faster machine, forecast a loss, and the gate drafted 10 of 522 rounds where drafting
-every round measured 1.15–1.21× plain (docs/serving.md, 2026-12-04). So each round is put on the cost model's clock
-(``speed_normalised``, given the round's verification seconds): the speed factor
+every round measured 1.15–1.21× plain (docs/serving.md, 2026-12-04). So each round is put on the
+cost model's clock (``speed_normalised``, given the round's verification seconds): the speed factor
 φ = measured verification seconds / the cost model's t(B) + α(R) of the same step, and every
 second of the round — drafting, verification, the engine's own work — is divided by it. Rates and
 overheads are then in the profile's seconds, whatever the machine's speed at the time: what the
@@ -405,8 +405,16 @@ class DraftGate:
         ``target_seconds``: the round's verification step, which puts the round on the cost model's
         clock (``speed_normalised``, module docstring)."""
         b = batch_bucket(num_requests)
-        phi = 1.0 if drafted and lengths is None else self._round_speed(
-            num_requests, lengths if drafted else None, target_seconds, cost_model)
+        # the cost model's t(B) + α(R) of this round's verification: its speed factor, and the
+        # overhead the round measures beyond it (None: a drafted round without its lengths)
+        if not drafted:
+            modelled = _plain_step_seconds(cost_model, num_requests)
+        elif lengths is not None:
+            modelled = round_seconds(cost_model, cost_model.batch_size(lengths.long()), num_requests)
+        else:
+            modelled = None
+        phi = 1.0 if not self.speed_normalised or target_seconds is None or modelled is None \
+            else speed_factor(target_seconds, modelled)
         seconds, catch_up = seconds / phi, catch_up / phi
         if draft_seconds is not None:
             draft_seconds = draft_seconds / phi
@@ -417,15 +425,12 @@ class DraftGate:
                 draft_seconds = max(draft_seconds - catch_up, 0.0)
         if not drafted:
             self.plain.setdefault(b, _Rate()).add(committed, seconds, num_requests, self.decay)
-            self.plain_overhead.setdefault(b, _Mean()).add(
-                seconds - _plain_step_seconds(cost_model, num_requests), self.decay, num_requests)
+            self.plain_overhead.setdefault(b, _Mean()).add(seconds - modelled, self.decay, num_requests)
             return False
         if lengths is not None and accepted is not None:
             if survival is not None:
                 self._observe_acceptance(survival, lengths, accepted)
-            B = cost_model.batch_size(lengths.long())
-            self.overhead.setdefault(b, _Mean()).add(seconds - round_seconds(cost_model, B, num_requests), self.decay,
-                                                     num_requests)
+            self.overhead.setdefault(b, _Mean()).add(seconds - modelled, self.decay, num_requests)
         spec = self.speculative.setdefault(b, _Rate())
         if expected is None:
             spec.add(committed, seconds, num_requests, self.decay)
@@ -466,15 +471,6 @@ class DraftGate:
         self.wins[b] = self.wins.get(b, 0) + 1
         self.backoff = 0
         return False
-
-    def _round_speed(self, num_requests: int, lengths: torch.Tensor | None, target_seconds: float | None,
-                     cost_model: CostModel) -> float:
-        """φ of a round (:func:`speed_factor`) whose ``lengths`` [R] drafts were verified (None: a
-        plain round); 1 when not ``speed_normalised`` or without the verification seconds."""
-        if not self.speed_normalised or target_seconds is None:
-            return 1.0
-        lengths = torch.zeros(num_requests, dtype=torch.long) if lengths is None else lengths.long()
-        return speed_factor(target_seconds, round_seconds(cost_model, cost_model.batch_size(lengths), num_requests))
 
     def _add_requests(self, seen: set, num_requests: int) -> None:
         """Add this round's request ids (from should_draft) to ``seen``, up to ``min_requests`` of

@@ -69,6 +69,7 @@ def measure_draft_overhead(target: Any, drafter: Any, ids: Sequence[Any], num_re
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
     at = ContextBinding(cost_model)
+    timed = {} if clock is None else {"clock": clock}  # the engines' default clock otherwise
     out = {}
     for R in sorted(set(num_requests)):
         if progress:
@@ -77,7 +78,6 @@ def measure_draft_overhead(target: Any, drafter: Any, ids: Sequence[Any], num_re
         plain, drafted = [], []
         for _ in range(passes):
             target.set_capture_layers(())
-            timed = {} if clock is None else {"clock": clock}
             plain += _round_excess(Engine(target, None, cost_model=cost_model, **timed), ids, R, rounds, at)
             drafted += _round_excess(Engine(target, drafter, scheduler=fixed, cost_model=cost_model,
                                             calibrator=calibrator or "identity", **timed), ids, R, rounds, at)
