@@ -61,3 +61,58 @@ def test_engine_on_device_is_token_identical_to_greedy_decode(device):
     engine = dspark.Engine(target, drafter, scheduler="full", cost_model=None)
     out = engine.generate([torch.tensor([2, 9, 4, 4, 11, 2, 9, 4])], max_new_tokens=12, progress=False)
     assert out[0].output_ids == expected
+
+
+def test_a_device_that_is_not_here_is_refused_before_a_model_loads(tmp_path, capsys):
+    from dspark.cli import main
+    from dspark.models import resolve_device
+
+    assert resolve_device(None) == resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if CUDA else "cpu")
+    for bad, says in (("tpu", "not a torch device"), ("cuda:x", "not a torch device"), ("meta", "cpu or cuda")):
+        with pytest.raises(ValueError, match=says):
+            resolve_device(bad)
+    if not CUDA:
+        with pytest.raises(ValueError, match="torch sees no CUDA device"):
+            resolve_device("cuda")
+        with pytest.raises(ValueError, match="no CUDA device"):
+            dspark.BenchOptions(device="cuda")
+    nowhere = str(tmp_path / "no-such-model")  # the device is refused first: the missing model is never reached
+    assert main(["profile", "--model", nowhere, "--device", "gpu", "--out", str(tmp_path / "p.json")]) == 2
+    assert "device 'gpu' is not a torch device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_profile_and_bench_run_where_they_are_told(device, tmp_path):
+    """`dspark profile --device` and `dspark bench --device`: the target, and the drafter loaded for
+    it from a checkpoint, run on the device, and every scheduler serves the whole workload."""
+    import json
+
+    from dspark.cli import main
+    from dspark.drafters.checkpoint import from_pretrained, save_pretrained
+    from dspark.targets import load_target
+    from helpers import save_tiny_target
+
+    folder = save_tiny_target(tmp_path / "target", tiny_causal_lm(max_positions=256))
+    target = load_target(str(folder), device=device)
+    assert target.model.device.type == device
+    save_pretrained(_drafter(HFTarget(tiny_causal_lm(max_positions=256)), "dspark"), tmp_path / "drafter")
+    drafter = from_pretrained(tmp_path / "drafter", target)  # follows the target to its device
+    assert {p.device.type for p in drafter.parameters()} == {device}
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", str(folder), "--device", device, "--out", str(out), "--requests", "1,2",
+                 "--widths", "1,3", "--contexts", "16", "--repeats", "1", "--quiet"]) == 0
+    recorded = json.loads(out.read_text())["device"]
+    assert ("core" in recorded) == (device == "cpu")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"t{i} t{i + 3} t{i + 1} t{i + 3}", "domain": d}) + "\n"
+                               for i, d in enumerate(("math", "code", "chat"))))
+    bench = dspark.run_bench(out=tmp_path / "bench", model=folder, dtype="float32", drafter=tmp_path / "drafter",
+                             prompts=prompts, per_domain=1, concurrency=[2], repeats=1, max_new_tokens=6,
+                             profile=out, schedulers=["plain", "fixed:k=4", "sps-greedy"], min_requests=3,
+                             device=device, quiet=True)
+    assert bench.result["meta"]["device"] == recorded
+    runs = {r["scheduler"]: r for r in bench.result["runs"] if not r["simulated"]}
+    assert set(runs) == {"plain", "fixed:k=4", "sps-greedy"}
+    assert all(r["requests"] == 4 and r["output_tokens"] == 24 for r in runs.values())  # max(2c, 3) × 6
+    assert runs["fixed:k=4"]["drafted_fraction"] == 1.0 and runs["fixed:k=4"]["draft_ms"] > 0

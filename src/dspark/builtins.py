@@ -58,7 +58,8 @@ def neural_drafter_factory(kind: str):
         cfg = DrafterConfig.for_target(target.model.config, kind, target_name=getattr(target, "name", "target"), **config)
         drafter = drafter_kind(kind).build(cfg)
         model = target.model
-        drafter.to(next(model.parameters()).dtype)
+        param = next(model.parameters())
+        drafter.to(device=param.device, dtype=param.dtype)
         drafter.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
         return drafter.eval()
 

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dspark import __version__
 from dspark.checkpoints import DEFAULT_DRAFTER
 
+DEVICE_HELP = "where the target and drafter run: cpu, cuda, cuda:N or auto (CUDA when torch sees one)"
+
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 
@@ -436,6 +438,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
                    "a curve of the profile's `contexts` (the engine reads the curves at each round's context)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
 
@@ -446,12 +449,13 @@ def _profile(args: argparse.Namespace) -> int:
 
     import torch
 
+    from dspark.models import resolve_device
     from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes
     from dspark.targets import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.model, getattr(torch, args.dtype))
+    target = load_target(args.model, getattr(torch, args.dtype), device=resolve_device(args.device))
     times = time_shapes(target, args.requests, args.widths, args.contexts, args.repeats, args.seed,
                         progress=not args.quiet)
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
@@ -461,7 +465,8 @@ def _profile(args: argparse.Namespace) -> int:
     profile.to_json(out)
     save_shapes(times, out.with_suffix(".shapes.json"))
     for ctx in args.contexts:
-        print(f"\nverification step (ms), {args.dtype}, {ctx}-token context, {torch.get_num_threads()} threads:")
+        print(f"\nverification step (ms), {args.dtype}, {ctx}-token context, {device_name(target)}, "
+              f"{torch.get_num_threads()} threads:")
         print("| R \\ 1+ℓ | " + " | ".join(str(w) for w in args.widths) + " |")
         print("|---|" + "---|" * len(args.widths))
         for R in args.requests:
@@ -529,6 +534,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-concurrency", type=_ints, help="simulated levels (default: --concurrency)")
     p.add_argument("--time-model", help="bench.json of a measured run whose fitted time model to reuse")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fresh", action="store_true", help="redo runs already recorded under OUT")
     p.add_argument("--replot", action="store_true", help="only redraw bench.png / bench.md from OUT/bench.json")

@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SMOLLM2", "smollm2_gguf", "load_causal_lm"]
+__all__ = ["SMOLLM2", "smollm2_gguf", "load_causal_lm", "resolve_device"]
 
 SMOLLM2 = "smollm2-135m"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -31,13 +31,38 @@ def smollm2_gguf() -> Path:
     return path
 
 
-def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None) -> tuple[Any, Any]:
-    """(model, tokenizer) for ``"smollm2-135m"``, a local HF folder, or a ``.gguf`` file."""
+def resolve_device(device: Any = None) -> Any:
+    """``None`` / ``"cpu"`` / ``"cuda"`` / ``"cuda:N"`` / ``"auto"`` (CUDA when torch sees one) or a
+    ``torch.device`` → a ``torch.device`` that exists here; anything else is a ValueError naming
+    the problem (checked before a model is loaded, so a typo costs no minutes)."""
+    import torch
+
+    if device is None or device == "auto":
+        return torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not a torch device (cpu, cuda, cuda:N or auto)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: torch sees no CUDA device (a CPU-only build of torch "
+                             f"{torch.__version__}, or no GPU / driver visible)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type != "cpu":
+        raise ValueError(f"device {device!r}: dspark runs on cpu or cuda")
+    return dev
+
+
+def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None, device: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for ``"smollm2-135m"``, a local HF folder, or a ``.gguf`` file, on
+    ``device`` (see :func:`resolve_device`; default the CPU)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     dtype = dtype or torch.float32
+    device = resolve_device(device)
     if spec == SMOLLM2:
         path = smollm2_gguf()
         folder, kwargs = str(path.parent), {"gguf_file": path.name}
@@ -76,6 +101,8 @@ def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None) -> tuple[Any, Any]:
         if bars:
             hf_logging.enable_progress_bar()
     model.eval()
+    if device.type != "cpu":
+        model.to(device)
     return model, tokenizer
 
 

@@ -53,6 +53,13 @@ def device_name(target: Any) -> str:
     return f"{os.cpu_count()}-core {cpu_name()}"
 
 
+def synchronize(target: Any) -> None:
+    """Wait for the target's device (CUDA launches are asynchronous: a step is timed when it is done)."""
+    dev = getattr(target, "_device", None)
+    if getattr(dev, "type", "cpu") == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def time_shapes(
     target: Any,
     requests: Sequence[int],
@@ -93,8 +100,10 @@ def time_shapes(
                 for sweep in range(1 + repeats):
                     for R, width in order.sample(shapes, len(shapes)):
                         tokens = torch.randint(target.vocab_size, (R, width), generator=g)
+                        synchronize(target)
                         t0 = time.perf_counter()
                         target.verify(ids[:R], tokens, torch.full((R,), width - 1))
+                        synchronize(target)
                         elapsed = time.perf_counter() - t0
                         target.rollback(ids[:R], keep[:R])
                         if sweep:

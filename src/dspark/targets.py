@@ -72,10 +72,12 @@ _MIN_CAPACITY = 64  # tokens; a request's KV tensor starts at least this long
 
 
 def load_target(
-    spec: str = SMOLLM2, dtype: torch.dtype = torch.float32, capture_layers: Iterable[int] = ()
+    spec: str = SMOLLM2, dtype: torch.dtype = torch.float32, capture_layers: Iterable[int] = (),
+    device: Any = None,
 ) -> HFTarget:
-    """An :class:`HFTarget` for ``spec`` (see :func:`dspark.models.load_causal_lm`)."""
-    model, tokenizer = load_causal_lm(spec, dtype)
+    """An :class:`HFTarget` for ``spec`` on ``device`` (see :func:`dspark.models.load_causal_lm`);
+    drafters loaded for it follow it to its device."""
+    model, tokenizer = load_causal_lm(spec, dtype, device)
     return HFTarget(model, tokenizer, capture_layers=capture_layers)
 
 

@@ -36,6 +36,12 @@ def _levels(_inst: Any, a: Any, v: tuple[int, ...] | None) -> None:
         raise ValueError(f"concurrency levels must be >= 1, got {list(v)}")
 
 
+def _device(_inst: Any, a: Any, v: str) -> None:
+    from dspark.models import resolve_device
+
+    resolve_device(v)  # a typo or a missing GPU fails here, before the model loads
+
+
 def _optional_strings(value: Any) -> tuple[str, ...] | None:
     return None if value is None else strings(value)
 
@@ -84,6 +90,7 @@ class BenchOptions(NamespaceOptions):
     sim_concurrency: tuple[int, ...] | None = field(default=None, converter=optional_ints, validator=_levels)
     time_model: str | None = field(default=None, converter=optional_path)
     threads: int | None = field(default=None, validator=validators.optional(at_least(1)))
+    device: str = field(default="cpu", validator=_device)
     seed: int = 0
     fresh: bool = False
     quiet: bool = False
@@ -261,6 +268,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     from dspark.evaluation import Rounds, collect_rounds, save_json
     from dspark.evaluation_runs import eval_prompts, load_drafter_spec
     from dspark.gating import DraftGate
+    from dspark.models import resolve_device
     from dspark.profiling import device_name
     from dspark.targets import load_target
     from dspark.types import SamplingParams
@@ -271,7 +279,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     _check_lossless(specs)  # an unknown or lossy scheduler fails before the model loads
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    target = load_target(opts.model, getattr(torch, opts.dtype))
+    target = load_target(opts.model, getattr(torch, opts.dtype), device=resolve_device(opts.device))
     label, drafter, calibrator = load_drafter_spec(opts.drafter, target)
     if opts.calibration:
         from dspark.calibration import load_calibrator

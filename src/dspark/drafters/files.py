@@ -84,8 +84,9 @@ def _target_info(target: Any) -> TargetInfo:
 
 def _bind(drafter: Any, target: Any) -> None:
     model = target.model
+    param = next(model.parameters())
+    drafter.to(device=param.device, dtype=param.dtype)  # the drafter runs where the target does
     drafter.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
-    drafter.to(next(model.parameters()).dtype)
 
 
 def _load_state(drafter: Any, state: dict[str, torch.Tensor], where: Path) -> None:

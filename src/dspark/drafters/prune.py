@@ -124,6 +124,6 @@ def prune_draft_vocab(drafter: Any, token_ids: Sequence[int] | torch.Tensor) -> 
     state["draft_ids"] = pruned.draft_ids
     pruned.load_state_dict(state)
     embed, lm_head = drafter.target_weights()
-    pruned = pruned.to(drafter.dtype)
+    pruned = pruned.to(device=embed.device, dtype=drafter.dtype)  # where the target's weights are
     pruned.bind_target(embed, lm_head)
     return pruned.eval()
