@@ -170,7 +170,7 @@ def test_run_demo(tiny):
     assert demo.result["gamma"] == 4 and {r["domain"] for r in demo.result["greedy_identity_fp32"]} == set(DOMAINS)
     assert demo.markdown == (demo.out / "demo.md").read_text()
     assert json.loads((demo.out / "demo.json").read_text())["command"].endswith(
-        f"--samples 200 --dtype float32 --gate --scheduler sps-greedy --out {root / 'demo'} --model {target}")
+        f"--samples 200 --dtype float32 --gate --scheduler sps-greedy --out {root / 'demo'} --model {target} --device cpu")
 
 
 def test_run_demo_races_the_dtypes_on_speculative_speed(tiny):

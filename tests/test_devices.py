@@ -88,12 +88,17 @@ def test_profile_and_bench_run_where_they_are_told(device, tmp_path):
     it from a checkpoint, run on the device, and every scheduler serves the whole workload."""
     import json
 
+    from transformers import AutoTokenizer
+
     from dspark.cli import main
     from dspark.drafters.checkpoint import from_pretrained, save_pretrained
     from dspark.targets import load_target
     from helpers import save_tiny_target
 
     folder = save_tiny_target(tmp_path / "target", tiny_causal_lm(max_positions=256))
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(folder)
     target = load_target(str(folder), device=device)
     assert target.model.device.type == device
     save_pretrained(_drafter(HFTarget(tiny_causal_lm(max_positions=256)), "dspark"), tmp_path / "drafter")

@@ -98,6 +98,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
                    "docs/scheduling.md)")
     p.add_argument("--out", default="out/demo", help="folder for demo.json and demo.md")
     p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
 
 
 @command("demo", _demo_args)

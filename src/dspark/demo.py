@@ -42,7 +42,16 @@ from dspark.autotune import DTYPES, choose_dtype
 from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.gating import GatePrior
 from dspark.models import load_causal_lm
-from dspark.options import NamespaceOptions, at_least, one_of, optional_path, path, resolve_options
+from dspark.options import (
+    NamespaceOptions,
+    at_least,
+    existing_device,
+    one_of,
+    optional_path,
+    path,
+    resolve_options,
+)
+from dspark.profiling import device_name
 from dspark.sampling import probs_from_logits, sample
 from dspark.speculative import plain_generate
 from dspark.types import SamplingParams
@@ -66,6 +75,7 @@ class DemoOptions(NamespaceOptions):
     out: str = field(default="out/demo", converter=path)
     model: str = field(default="smollm2-135m", converter=path)
     prompts: str | None = field(default=None, converter=optional_path)  # None: the natural eval set
+    device: str = field(default="cpu", validator=existing_device)
 
 
 @frozen
@@ -104,7 +114,7 @@ def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
 def _sampling_check(model, prompt_ids: torch.Tensor, n: int, seed: int) -> dict:
     """Verify n single-token drafts from q against p and measure how far the result is from p."""
     with torch.inference_mode():
-        logits = model(input_ids=prompt_ids[None, :]).logits[0, -1]  # [V]
+        logits = model(input_ids=prompt_ids[None, :].to(model.device)).logits[0, -1].cpu()  # [V], drawn on the CPU
     p1 = probs_from_logits(logits[None], 0.8, 0, 0.95)[0]  # [V] target at T=0.8, top-p 0.95
     q1 = probs_from_logits(logits[None], 1.6, 0, 0.95)[0]  # [V] a deliberately flatter draft
     g = torch.Generator().manual_seed(seed)
@@ -234,7 +244,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
 
     # 1–2. correctness, fp32 ------------------------------------------------------------------
     print(f"loading target {opts.model} (fp32) and drafter {label} ...", flush=True)
-    model, tok = load_causal_lm(opts.model, torch.float32)
+    model, tok = load_causal_lm(opts.model, torch.float32, opts.device)
     eos = tok.eos_token_id
     encoded = {name: encode_prompt(tok, text) for name, text in PROMPTS.items()}
     identity, gamma, survival = _identity(model, tok, ref, calibrator, encoded, opts.max_new_tokens, eos)
@@ -304,6 +314,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         "model": opts.model, "drafter": label, "calibrated": calibration is not None,
         "calibration": calibration, "gamma": gamma,
         "max_new_tokens": opts.max_new_tokens, "machine": choice.machine.to_dict(),
+        "device": device_name(target), "device_type": model.device.type,
         "greedy_identity_fp32": identity, "all_identical": all_identical,
         "identity_verified_drafts": sum(r["verified_drafts"] for r in identity),
         "identity_accepted_drafts": sum(r["accepted_drafts"] for r in identity),
@@ -345,7 +356,8 @@ def _markdown(r: dict) -> str:
         f"Command: `{r['command']}`",
         "",
         f"Machine: {mach['cores']}-core {mach['cpu']} — **{mach['kind']}** (flags: {' '.join(mach['flags']) or 'none'}; "
-        f"ATen {mach['aten_capability']}; {mach['threads']} threads).",
+        f"ATen {mach['aten_capability']}; {mach['threads']} threads)"
+        + (f"; target and drafter on **{r['device']}**." if r.get("device_type", "cpu") != "cpu" else "."),
         "",
         f"**Speed-up over the best plain decode: {sp['speedup_vs_best_plain']:.2f}×** "
         f"({sp['dtype']}, plain decoding in {sp.get('plain_dtype', sp['dtype'])}, concurrency 1, {sp['prompts']} held-out prompts of {sp.get('prompt_file', 'eval_prompts.jsonl')} "

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import attrs
 
 __all__ = [
-    "NamespaceOptions", "at_least", "floats", "ints", "one_of", "optional_ints", "optional_path", "path",
+    "NamespaceOptions", "at_least", "existing_device", "floats", "ints", "one_of", "optional_ints", "optional_path", "path",
     "resolve_options", "strings", "unit_interval",
 ]
 
@@ -60,6 +60,14 @@ def one_of(*choices: Any) -> Callable[[Any, Any, Any], None]:
             raise ValueError(f"{a.name} must be one of {', '.join(map(str, choices))}, got {v!r}")
 
     return check
+
+
+def existing_device(_inst: Any, _a: Any, v: Any) -> None:
+    """A validator: a device that exists here (:func:`dspark.models.resolve_device`), so a typo or a
+    missing GPU fails before a model loads."""
+    from dspark.models import resolve_device
+
+    resolve_device(v)
 
 
 def path(value: str | os.PathLike[str]) -> str:

@@ -127,8 +127,9 @@ def speculative_generate(
 @torch.inference_mode()
 def plain_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None) -> list[int]:
     """The target's own greedy decode (HF ``generate``): the reference for token identity."""
+    ids = prompt_ids[None, :].to(model.device)  # [1, n]
     out = model.generate(
-        prompt_ids[None, :], attention_mask=torch.ones(1, prompt_ids.numel(), dtype=torch.long),
+        ids, attention_mask=torch.ones_like(ids),
         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
     )
     return out[0, prompt_ids.numel():].tolist()

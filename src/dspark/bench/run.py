@@ -19,6 +19,7 @@ from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.options import (
     NamespaceOptions,
     at_least,
+    existing_device,
     ints,
     one_of,
     optional_ints,
@@ -34,12 +35,6 @@ __all__ = ["BenchOptions", "BenchResult", "build_engine", "default_schedulers", 
 def _levels(_inst: Any, a: Any, v: tuple[int, ...] | None) -> None:
     if v is not None and (not v or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in v)):
         raise ValueError(f"concurrency levels must be >= 1, got {list(v)}")
-
-
-def _device(_inst: Any, a: Any, v: str) -> None:
-    from dspark.models import resolve_device
-
-    resolve_device(v)  # a typo or a missing GPU fails here, before the model loads
 
 
 def _optional_strings(value: Any) -> tuple[str, ...] | None:
@@ -90,7 +85,7 @@ class BenchOptions(NamespaceOptions):
     sim_concurrency: tuple[int, ...] | None = field(default=None, converter=optional_ints, validator=_levels)
     time_model: str | None = field(default=None, converter=optional_path)
     threads: int | None = field(default=None, validator=validators.optional(at_least(1)))
-    device: str = field(default="cpu", validator=_device)
+    device: str = field(default="cpu", validator=existing_device)
     seed: int = 0
     fresh: bool = False
     quiet: bool = False
