@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     pending = {n: list(range(len(prompts)))[::-1] for n in systems}
     live = dict.fromkeys(systems, 0)
     stats = {n: {"seconds": 0.0, "tokens": 0, "rounds": 0, "draft": 0.0, "target": 0.0, "drafted": 0,
-                 "by_B": collections.defaultdict(list)} for n in systems}
+                 "full_seconds": 0.0, "full_tokens": 0, "by_B": collections.defaultdict(list)} for n in systems}
     greedy = SamplingParams.greedy()
     turn = 0
     trace: list[dict] = []
@@ -112,16 +112,25 @@ def main(argv: list[str] | None = None) -> int:
             s["target"] += info.target_seconds
             s["drafted"] += int(info.drafted)
             s["by_B"][info.batch_size].append(info.target_seconds)
+            if info.num_requests == args.concurrency:  # steady state: the closed loop's tail runs fewer requests
+                s["full_seconds"] += dt
+                s["full_tokens"] += committed
             live[n] -= len(e.pop_finished())
             row[n] = [info.num_requests, int(info.drafted), committed, round(1e3 * dt, 2)]
         if args.trace:
             trace.append(row)
     first = args.entries[0]
     base = stats[first]["tokens"] / stats[first]["seconds"]
+    full_base = stats[first]["full_tokens"] / max(stats[first]["full_seconds"], 1e-12)
     rows = {}
     for n, s in stats.items():
         tps = s["tokens"] / s["seconds"]
-        rows[n] = {"tok_s": round(tps, 2), "ratio": round(tps / base, 3), "tokens": s["tokens"], "rounds": s["rounds"],
+        full = s["full_tokens"] / max(s["full_seconds"], 1e-12)
+        # at full concurrency only: the tail (fewer than c requests left) differs between entries, whose
+        # requests finish in different orders, and is a lower concurrency level
+        rows[n] = {"tok_s": round(tps, 2), "ratio": round(tps / base, 3), "full_tok_s": round(full, 2),
+                   "full_ratio": round(full / max(full_base, 1e-12), 3), "full_tokens": s["full_tokens"],
+                   "tokens": s["tokens"], "rounds": s["rounds"],
                    "round_ms": round(1e3 * s["seconds"] / s["rounds"], 2), "draft_ms": round(1e3 * s["draft"] / s["rounds"], 2),
                    "target_ms": round(1e3 * s["target"] / s["rounds"], 2), "drafted": s["drafted"],
                    "target_ms_by_B": {b: [round(1e3 * statistics.median(v), 2), len(v)] for b, v in sorted(s["by_B"].items())}}

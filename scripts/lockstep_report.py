@@ -3,8 +3,9 @@
     python scripts/lockstep_report.py OUT RUN.json [RUN.json ...]
 
 Writes OUT.md (per level: each entry's tok/s ratio to the first entry, its ratio to the best
-other entry, drafted rounds, and the mean draft / target / other milliseconds of a round) and
-OUT.png (the ratios against concurrency).
+other entry, the same two at full concurrency only (rounds with c requests live: the closed loop's
+tail, where requests finish in a different order for each entry, left out), drafted rounds, and
+the mean draft / target / other milliseconds of a round) and OUT.png (the ratios against concurrency).
 """
 
 from __future__ import annotations
@@ -23,18 +24,25 @@ def main(argv: list[str]) -> int:
     md = [f"# Lockstep: {', '.join(names)} against {base}", "",
           "Each level one run: every engine steps one round in turn (the order rotated each turn), the same "
           "closed loop of requests, bf16. Ratio: tok/s against the first entry; vs best other: against the "
-          "fastest of the other entries. Round ms split into draft (drafting, confidence, scheduling), "
+          "fastest of the other entries; *at c*: the same over the rounds with all c requests live (the "
+          "tail, where fewer are left, differs between entries). Round ms split into draft (drafting, confidence, scheduling), "
           "target (the verification step) and the rest (sampling, bookkeeping).", "",
-          "| c | requests | entry | tok/s | ratio | vs best other | drafted / rounds | draft ms | target ms | rest ms |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "| c | requests | entry | tok/s | ratio | vs best other | ratio at c | vs best other at c | drafted / rounds "
+          "| draft ms | target ms | rest ms |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         rows = r["rows"]
         for n in names:
             x = rows[n]
             best_other = max(rows[m]["tok_s"] for m in names if m != n)
             rest = x["round_ms"] - x["draft_ms"] - x["target_ms"]
+            if "full_tok_s" in x:  # runs recorded before the steady-state columns have none
+                full_other = max(rows[m]["full_tok_s"] for m in names if m != n)
+                at_c = f"{x['full_ratio']:.3f} | {x['full_tok_s'] / max(full_other, 1e-12):.3f}"
+            else:
+                at_c = "– | –"
             md.append(f"| {r['concurrency']} | {r['requests']} | {n} | {x['tok_s']:.1f} | {x['ratio']:.3f} | "
-                      f"{x['tok_s'] / best_other:.3f} | {x['drafted']} / {x['rounds']} | {x['draft_ms']:.2f} | "
+                      f"{x['tok_s'] / best_other:.3f} | {at_c} | {x['drafted']} / {x['rounds']} | {x['draft_ms']:.2f} | "
                       f"{x['target_ms']:.2f} | {rest:.2f} |")
     md += ["", "Commands:", ""] + [f"    {r['command']}" for r in runs] + [""]
     out.with_suffix(".md").write_text("\n".join(md))
