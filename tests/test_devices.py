@@ -84,8 +84,9 @@ def test_a_device_that_is_not_here_is_refused_before_a_model_loads(tmp_path, cap
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_profile_and_bench_run_where_they_are_told(device, tmp_path):
-    """`dspark profile --device` and `dspark bench --device`: the target, and the drafter loaded for
-    it from a checkpoint, run on the device, and every scheduler serves the whole workload."""
+    """`--device` of profile, bench, demo, eval, data and generate: the target, and the drafter loaded
+    for it from a checkpoint, run on the device; every scheduler serves the whole workload, the demo's
+    outputs equal greedy decoding."""
     import json
 
     from transformers import AutoTokenizer
@@ -121,3 +122,14 @@ def test_profile_and_bench_run_where_they_are_told(device, tmp_path):
     assert set(runs) == {"plain", "fixed:k=4", "sps-greedy"}
     assert all(r["requests"] == 4 and r["output_tokens"] == 24 for r in runs.values())  # max(2c, 3) × 6
     assert runs["fixed:k=4"]["drafted_fraction"] == 1.0 and runs["fixed:k=4"]["draft_ms"] > 0
+    demo = dspark.run_demo(drafter=tmp_path / "drafter", model=folder, prompts=prompts, max_new_tokens=6,
+                           per_domain=1, repeats=1, samples=200, dtype="float32", device=device, out=tmp_path / "demo")
+    assert demo.all_identical and demo.result["device"] == recorded and demo.result["device_type"] == device
+    ev = dspark.evaluate(drafters=[str(tmp_path / "drafter")], model=folder, prompts=prompts, per_domain=1,
+                         max_new_tokens=6, device=device, out=tmp_path / "eval", quiet=True)
+    assert ev.results["prompts"] == 3
+    data = dspark.build_data(out=tmp_path / "data", prompts=[prompts], no_builtin=True, model=folder, dtype="float32",
+                             temperature=0, max_new_tokens=4, concurrency=2, eval_fraction=0.3, device=device, quiet=True)
+    assert data.written == data.train_prompts and data.tokens == 4 * data.written
+    assert main(["generate", "t1 t2 t3", "--model", str(folder), "--drafter", "dspark", "--checkpoint",
+                 str(tmp_path / "drafter"), "--device", device, "--dtype", "float32", "--max-new-tokens", "6"]) == 0

@@ -147,6 +147,7 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object per request")
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
 
 
 @command("generate", _generate_args)
@@ -160,7 +161,7 @@ def _generate(args: argparse.Namespace) -> int:
     from dspark.autotune import choose_dtype
     from dspark.drafters.config import MAX_GAMMA
     from dspark.engine import Engine, encode_prompt
-    from dspark.models import load_causal_lm
+    from dspark.models import load_causal_lm, resolve_device
     from dspark.plugins import lookup
 
     params = dspark.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -182,7 +183,8 @@ def _generate(args: argparse.Namespace) -> int:
     gamma = 7 if args.gamma is None else args.gamma
     if not 1 <= gamma <= MAX_GAMMA:
         raise ValueError(f"--gamma must lie in 1..{MAX_GAMMA}, got {gamma}")
-    model, tok = load_causal_lm(args.model, torch.float32)
+    device = resolve_device(args.device)
+    model, tok = load_causal_lm(args.model, torch.float32, device)
     longest = max(encode_prompt(tok, p).numel() for p in args.prompts)
     measured_cost = args.cost_model == "sps-table" and not args.profile
     choice, target = choose_dtype(model, tok, context=longest + args.max_new_tokens // 2,
@@ -256,6 +258,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-fraction", type=float, default=0.1)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -355,6 +358,7 @@ def _eval_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
 

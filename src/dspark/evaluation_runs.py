@@ -15,6 +15,7 @@ from attrs import field, frozen
 from dspark.options import (
     NamespaceOptions,
     at_least,
+    existing_device,
     floats,
     one_of,
     optional_path,
@@ -146,12 +147,12 @@ def _sampling(temperature: float) -> Any:
     return SamplingParams.greedy() if temperature == 0 else SamplingParams.random(temperature)
 
 
-def _target(model: str, dtype: str) -> Any:
+def _target(model: str, dtype: str, device: str = "cpu") -> Any:
     import torch
 
     from dspark.targets import load_target
 
-    return load_target(model, {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+    return load_target(model, {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype], device=device)
 
 
 def _drafters(_inst: Any, a: Any, v: tuple[str, ...]) -> None:
@@ -191,6 +192,7 @@ class CalibrateOptions(NamespaceOptions):
     concurrency: int = field(default=16, validator=at_least(1))
     model: str = field(default="smollm2-135m", converter=path)
     dtype: str = field(default="float32", validator=one_of("float32", "bfloat16"))
+    device: str = field(default="cpu", validator=existing_device)
     seed: int = 0
     quiet: bool = False
 
@@ -226,6 +228,7 @@ class EvalOptions(NamespaceOptions):
     concurrency: int = field(default=8, validator=at_least(1))
     model: str = field(default="smollm2-135m", converter=path)
     dtype: str = field(default="float32", validator=one_of("float32", "bfloat16"))
+    device: str = field(default="cpu", validator=existing_device)
     seed: int = 0
     quiet: bool = False
 
@@ -292,7 +295,7 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
         n_fit_p, n_test_p = saved.get("fit_prompts"), saved.get("test_prompts")
     else:
         prompts = eval_prompts(opts.prompts, opts.per_domain, skip=opts.skip)
-        target = _target(opts.model, opts.dtype)
+        target = _target(opts.model, opts.dtype, opts.device)
         label, drafter, _ = load_drafter_spec(opts.checkpoint, target)
         # fit on half of the held-out prompts, report on the other half (split by prompt hash)
         fit_p, test_p = calibration_split(prompts)
@@ -426,7 +429,7 @@ def evaluate(options: EvalOptions | None = None, /, **overrides: Any) -> EvalRes
     for spec in opts.drafters:  # a missing checkpoint or prompt file fails before the model loads
         _check_drafter_spec(spec)
     prompts = eval_prompts(opts.prompts, opts.per_domain)
-    target = _target(opts.model, opts.dtype)
+    target = _target(opts.model, opts.dtype, opts.device)
     out = Path(opts.out)
     results: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": opts.max_new_tokens,
                                "model": opts.model, "dtype": opts.dtype,

@@ -16,6 +16,7 @@ from attrs import field, frozen
 from dspark.options import (
     NamespaceOptions,
     at_least,
+    existing_device,
     one_of,
     optional_path,
     path,
@@ -51,6 +52,7 @@ class DataOptions(NamespaceOptions):
     eval_fraction: float = field(default=0.1, validator=unit_interval(open_high=True))
     model: str = field(default="smollm2-135m", converter=path)
     dtype: str = field(default="bfloat16", validator=one_of("float32", "bfloat16"))
+    device: str = field(default="cpu", validator=existing_device)
     temperature: float = field(default=0.7, validator=at_least(0, integer=False))
     top_p: float = field(default=0.95, validator=unit_interval(open_low=True))
     max_new_tokens: int = field(default=128, validator=at_least(1))
@@ -166,7 +168,7 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
 
         followups = []
         if followups_from:
-            target = load_target(opts.model, dtype)  # its tokenizer decodes the recorded responses
+            target = load_target(opts.model, dtype, device=opts.device)  # its tokenizer decodes the recorded responses
             tok = getattr(target, "tokenizer", None)
             decode = (lambda ids: tok.decode(ids, skip_special_tokens=True)) if tok is not None else None
             followups = load_followups(followups_from, decode, seed=opts.seed)
@@ -190,7 +192,7 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
           f"→ {out / 'eval_prompts.jsonl'}", file=sys.stderr)
     sampling = (SamplingParams.greedy() if opts.temperature == 0
                 else SamplingParams(temperature=opts.temperature, top_p=opts.top_p))
-    engine = Engine(target or load_target(opts.model, dtype), None, seed=opts.seed)
+    engine = Engine(target or load_target(opts.model, dtype, device=opts.device), None, seed=opts.seed)
     meta = {"model": opts.model, "dtype": opts.dtype, "temperature": opts.temperature, "top_p": opts.top_p,
             "max_new_tokens": opts.max_new_tokens, "eval_fraction": opts.eval_fraction, "seed": opts.seed,
             "per_domain": opts.per_domain, "prompt_files": list(opts.prompts),
