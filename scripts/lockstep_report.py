@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         sys.exit(__doc__)
     out, runs = Path(argv[0]), sorted((json.loads(Path(p).read_text()) for p in argv[1:]), key=lambda r: r["concurrency"])
-    names = list(runs[0]["rows"])
+    names = list(dict.fromkeys(n for r in runs for n in r["rows"]))  # every entry of any run, in order
     base = names[0]
     md = [f"# Lockstep: {', '.join(names)} against {base}", "",
           "Each level one run: every engine steps one round in turn (the order rotated each turn), the same "
@@ -32,12 +32,12 @@ def main(argv: list[str]) -> int:
           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         rows = r["rows"]
-        for n in names:
+        for n in rows:  # a run may leave an entry out (e.g. fixed:k=7 at c = 64)
             x = rows[n]
-            best_other = max(rows[m]["tok_s"] for m in names if m != n)
+            best_other = max(rows[m]["tok_s"] for m in rows if m != n)
             rest = x["round_ms"] - x["draft_ms"] - x["target_ms"]
             if "full_tok_s" in x:  # runs recorded before the steady-state columns have none
-                full_other = max(rows[m]["full_tok_s"] for m in names if m != n)
+                full_other = max(rows[m]["full_tok_s"] for m in rows if m != n)
                 at_c = f"{x['full_ratio']:.3f} | {x['full_tok_s'] / max(full_other, 1e-12):.3f}"
             else:
                 at_c = "– | –"
@@ -53,9 +53,9 @@ def main(argv: list[str]) -> int:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    cs = [r["concurrency"] for r in runs]
     for n in names:
-        ax.plot(cs, [r["rows"][n]["ratio"] for r in runs], marker="o", label=n)
+        have = [r for r in runs if n in r["rows"]]
+        ax.plot([r["concurrency"] for r in have], [r["rows"][n]["ratio"] for r in have], marker="o", label=n)
     ax.axhline(0.99, color="grey", lw=0.8, ls="--", label="0.99 (issue 14)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency (closed loop)")
