@@ -9,14 +9,13 @@
 #   profile  dspark profile --device cuda, bf16, R 1..64 × 1+ℓ 1..8 at 160, 64 and 512 tokens of context
 #   serve    dspark demo --device cuda (identity in fp32, the sampling check, speed-up at concurrency 1
 #            over the best plain decode, dtype by measurement), then dspark bench --device cuda, bf16,
-#            c = 1..64, plain / fixed:k=7 / sps-greedy, --mode both (the simulator on the profile above)
+#            c = 1, 4, 16, 64, plain / fixed:k=7 / sps-greedy, --mode both (the simulator on the profile above)
 #
 # Budget (one H200, 2026-12-04, docs/serving_h200_measured.md): tests 30 s, profile 55 s; the demo
-# with its defaults took over 180 s and the bench at 5 levels × 3 repeats over 330 s there (a 135M
-# target steps in ~20 ms on a GPU, launch-bound), so on a 15-minute lease pass e.g.
-# DEMO_ARGS="--repeats 1 --per-domain 1 --max-new-tokens 64" and BENCH_ARGS="--per-domain 2 --repeats 2
-# --max-new-tokens 48" with LEVELS=1,4,16,64. A cut-off bench still leaves its runs in $WORK/bench/runs
-# (scripts/cuda_report.py tabulates them).
+# with its own defaults took over 180 s and the bench at 5 levels × 3 repeats over 330 s there (a
+# 135M target steps in ~20 ms on a GPU, launch-bound), so the defaults below are sized for a
+# 15-minute lease (DEMO_ARGS, BENCH_ARGS and LEVELS override them). A cut-off bench still leaves its
+# runs in $WORK/bench/runs (scripts/cuda_report.py tabulates them).
 #
 # Each step is time-limited and logged to $OUT/<step>.log; results go to $WORK (default .gpu/work,
 # ignored by git) and are packed into $OUT/<stage>.tgz. Needs torch with CUDA, transformers >= 5,
@@ -75,11 +74,11 @@ case $STAGE in profile|all)
 esac
 
 case $STAGE in serve|all)
-  step demo ${DEMO_LIMIT:-170} $PY -m dspark demo --device $DEVICE ${DEMO_ARGS:-} --out "$WORK/demo"
+  step demo ${DEMO_LIMIT:-170} $PY -m dspark demo --device $DEVICE ${DEMO_ARGS---repeats 2 --per-domain 1 --max-new-tokens 64} --out "$WORK/demo"
   PROFILE_ARGS=()
   [ -f "$WORK/profile_bf16.json" ] && PROFILE_ARGS=(--profile "$WORK/profile_bf16.json")
   step bench ${BENCH_LIMIT:-300} $PY -m dspark bench --device $DEVICE --out "$WORK/bench" --dtype bfloat16 \
-    --concurrency ${LEVELS:-1,2,4,8,16,32,64} ${BENCH_ARGS:---per-domain 4 --repeats 3 --max-new-tokens 64} --mode both \
+    --concurrency ${LEVELS:-1,4,16,64} ${BENCH_ARGS---per-domain 2 --repeats 2 --max-new-tokens 48} --mode both \
     --scheduler plain --scheduler fixed:k=7 --scheduler sps-greedy "${PROFILE_ARGS[@]}"
   tar -czf "$OUT/serve.tgz" -C "$WORK" demo bench 2> /dev/null
 esac
