@@ -162,6 +162,24 @@ def test_run_bench(tiny):
     assert replot_bench(bench.out) == bench.out / "bench.png" and (bench.out / "bench.md").read_text() == bench.markdown
 
 
+def test_run_bench_interleaved(tiny):
+    """--interleave: a level's schedulers side by side; every run recorded, and a re-run resumes them."""
+    root, target, data, run = tiny
+    opts = dict(out=root / "bench-il", model=target, dtype="float32", drafter=run.checkpoint,
+                prompts=data.eval_prompts_path, per_domain=1, concurrency=[2], repeats=2, max_new_tokens=6,
+                mode="measure", profile_repeats=1, min_requests=2, schedulers=["plain", "fixed:k=4", "sps-greedy"],
+                interleave=True, quiet=True)
+    bench = dspark.run_bench(**opts)
+    files = sorted(p.name for p in (bench.out / "runs").iterdir())
+    assert files == sorted(f"r{r}-c2-{s}.json" for r in (0, 1) for s in ("plain", "fixed_k_4", "sps-greedy"))
+    assert {(r["scheduler"], r["repeat"]) for r in bench.result["runs"]} == {
+        (s, r) for s in ("plain", "fixed:k=4", "sps-greedy") for r in (0, 1)}
+    assert all(r["output_tokens"] == 4 * 6 for r in bench.result["runs"])  # max(2c, 2) requests × 6 tokens
+    stamps = {p.name: p.stat().st_mtime_ns for p in (bench.out / "runs").iterdir()}
+    again = dspark.run_bench(**opts)
+    assert {p.name: p.stat().st_mtime_ns for p in (again.out / "runs").iterdir()} == stamps  # resumed, not re-run
+
+
 def test_run_demo(tiny):
     root, target, data, run = tiny
     demo = dspark.run_demo(drafter=run.checkpoint, model=target, max_new_tokens=8, per_domain=1, repeats=1,

@@ -140,6 +140,52 @@ def test_run_level_serves_every_request_within_the_concurrency(model, arrival):
         assert [r.arrival for r in run.requests] == arrival_times(5, "poisson", 200.0, 0)
 
 
+@pytest.mark.parametrize("arrival", ["closed", "poisson"])
+def test_interleaved_engines_serve_the_same_workload_as_alone_each_on_its_own_clock(model, arrival):
+    """run_level_interleaved steps the engines one round each in turn: every engine serves the whole
+    workload with the rounds it would run alone, and its clock holds only its own seconds (a slow
+    engine beside it does not lengthen its makespan)."""
+    from dspark.bench.runner import run_level_interleaved
+
+    drafter = dspark.get_drafter("ngram", vocab_size=V, gamma=4)
+    cm = cost_model([(1, 0.01), (512, 0.011)])
+    specs = [parse_scheduler_spec(x) for x in ("plain", "fixed:k=4")]
+    work = dict(concurrency=2, num_requests=5, sampling=GREEDY, max_new_tokens=12, arrival=arrival, rate=200.0)
+    alone = {s.label: run_level(build_engine(HFTarget(model), drafter, s, cm, None, gate=False), PROMPTS,
+                                label=s.label, **work) for s in specs}
+
+    class Slow:  # the plain engine, 20 ms slower a round: its neighbour's clock must not see it
+        def __init__(self, engine):
+            self.engine = engine
+
+        def step(self):
+            time.sleep(0.02)
+            return self.engine.step()
+
+        def __getattr__(self, name):
+            return getattr(self.engine, name)
+
+    engines = {s.label: build_engine(HFTarget(model), drafter, s, cm, None, gate=False) for s in specs}
+    engines["plain"] = Slow(engines["plain"])
+    both = run_level_interleaved(engines, PROMPTS, **work)
+    assert set(both) == {"plain", "fixed:k=4"}
+    for label, run in both.items():
+        ref = alone[label]
+        assert [r.request_id for r in run.requests] == [r.request_id for r in ref.requests]
+        assert [r.new_tokens for r in run.requests] == [r.new_tokens for r in ref.requests]
+        if arrival == "closed":  # Poisson batches depend on when requests arrive on each clock
+            assert [(r.num_requests, r.verified, r.accepted) for r in run.rounds] == [
+                (r.num_requests, r.verified, r.accepted) for r in ref.rounds]
+        assert all(r.finished >= r.first_token >= r.admitted >= r.arrival for r in run.requests)
+        starts = [r.start for r in run.rounds]
+        assert starts == sorted(starts) and run.makespan == max(r.finished for r in run.requests)
+    plain_rounds = len(both["plain"].rounds)
+    assert both["plain"].makespan >= 0.02 * plain_rounds  # its own sleeps are its time
+    assert both["fixed:k=4"].makespan < 0.02 * plain_rounds  # its neighbour's are not
+    with pytest.raises(ValueError, match="at least one engine"):
+        run_level_interleaved({}, PROMPTS, **work)
+
+
 # -- the draft gate ------------------------------------------------------------------------------
 
 

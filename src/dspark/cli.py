@@ -542,6 +542,10 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fresh", action="store_true", help="redo runs already recorded under OUT")
+    p.add_argument("--interleave", action="store_true",
+                   help="run a level's schedulers side by side, one round of each in turn, each timed on its own "
+                   "rounds only (a drift of the machine's speed lands on all alike; sequential runs each see "
+                   "another minute)")
     p.add_argument("--replot", action="store_true", help="only redraw bench.png / bench.md from OUT/bench.json")
     p.add_argument("--quiet", action="store_true")
 

@@ -72,6 +72,7 @@ class BenchOptions(NamespaceOptions):
     max_new_tokens: int = field(default=64, validator=at_least(1))
     temperature: float = field(default=0.0, validator=at_least(0, integer=False))
     repeats: int = field(default=3, validator=at_least(1))
+    interleave: bool = False
     profile: str | None = field(default=None, converter=optional_path)
     profile_context: int = field(default=0, validator=at_least(0))
     profile_repeats: int = field(default=5, validator=at_least(1))
@@ -256,7 +257,12 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     import dspark
     from dspark.bench.records import LevelRun, summarise_run
     from dspark.bench.report import aggregate, agreement, bench_markdown, plot_bench, ratios
-    from dspark.bench.runner import parse_scheduler_spec, run_level, run_order
+    from dspark.bench.runner import (
+        parse_scheduler_spec,
+        run_level,
+        run_level_interleaved,
+        run_order,
+    )
     from dspark.bench.simulate import TimeModel, fit_time_model, simulate_level, traces_from_rounds
     from dspark.data.prompts import prompt_request
     from dspark.engine import encode_prompt
@@ -318,18 +324,32 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         bar = tqdm(total=sum(_requests_at(opts, c) for _, c, _ in todo), desc="bench (requests)", disable=opts.quiet)
         for rep in range(opts.repeats):
             for c in opts.concurrency:
-                for s in (specs[i] for i in run_order(len(specs), rep)):  # a Williams design
-                    path = out / "runs" / f"r{rep}-c{c}-{_slug(s.label)}.json"
-                    n = _requests_at(opts, c)
-                    if path.is_file() and not opts.fresh:  # resumable
+                order = [specs[i] for i in run_order(len(specs), rep)]  # a Williams design
+                paths = {s.label: out / "runs" / f"r{rep}-c{c}-{_slug(s.label)}.json" for s in order}
+                n = _requests_at(opts, c)
+                workload = dict(prompts=ids, concurrency=c, num_requests=n, sampling=sampling,
+                                max_new_tokens=opts.max_new_tokens, arrival=opts.arrival, rate=opts.rate,
+                                seed=opts.seed + rep, progress=bar)
+
+                def engine_for(s: Any) -> Any:
+                    return build_engine(target, drafter, s, cost, calibrator, s.label in gated, opts.seed, prior)
+
+                level: dict[str, Any] = {}
+                if opts.interleave and (opts.fresh or not all(p.is_file() for p in paths.values())):
+                    bar.set_postfix_str(f"c={c} interleaved")  # all of the level's runs again, side by side
+                    level = run_level_interleaved({s.label: engine_for(s) for s in order}, **workload)
+                    for label, run in level.items():
+                        save_json(run.to_dict(), paths[label])
+                for s in order:
+                    path = paths[s.label]
+                    if s.label in level:
+                        run = level[s.label]
+                    elif path.is_file() and not opts.fresh:  # resumable
                         run = LevelRun.from_dict(json.loads(path.read_text()))
                         bar.update(n)
                     else:
                         bar.set_postfix_str(f"c={c} {s.label}")
-                        engine = build_engine(target, drafter, s, cost, calibrator, s.label in gated, opts.seed, prior)
-                        run = run_level(engine, ids, label=s.label, concurrency=c, num_requests=n, sampling=sampling,
-                                        max_new_tokens=opts.max_new_tokens, arrival=opts.arrival, rate=opts.rate,
-                                        seed=opts.seed + rep, progress=bar)
+                        run = run_level(engine_for(s), label=s.label, **workload)
                         save_json(run.to_dict(), path)
                     runs.append(run)
                     summaries.append({**summarise_run(run), "repeat": rep})

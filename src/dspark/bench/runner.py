@@ -19,7 +19,8 @@ from attrs import frozen
 
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 
-__all__ = ["ARRIVALS", "SchedulerSpec", "arrival_times", "parse_scheduler_spec", "run_level", "run_order"]
+__all__ = ["ARRIVALS", "SchedulerSpec", "arrival_times", "parse_scheduler_spec", "run_level", "run_level_interleaved",
+           "run_order"]
 
 ARRIVALS = ("closed", "poisson")
 
@@ -105,6 +106,86 @@ def arrival_times(n: int, arrival: str, rate: float | None = None, seed: int = 0
     return out
 
 
+class _Serving:
+    """One engine serving one level's requests, a step at a time, on a clock of its own.
+
+    ``clock`` None: the wall clock (idle gaps before a Poisson arrival are slept). Otherwise a
+    virtual clock that advances only by the seconds of this engine's own admissions and rounds
+    (idle gaps are skipped), so engines stepped in turn each see their own time only."""
+
+    def __init__(self, engine: Any, prompts: Sequence[torch.Tensor], label: str, concurrency: int,
+                 num_requests: int, sampling: Any, max_new_tokens: int, arrivals: list[float],
+                 progress: Any, virtual: bool) -> None:
+        if concurrency < 1 or num_requests < 1:
+            raise ValueError("concurrency and num_requests must be >= 1")
+        if not prompts:
+            raise ValueError("the workload holds no prompts")
+        self.engine, self.prompts, self.label = engine, prompts, label
+        self.concurrency, self.sampling, self.max_new_tokens = concurrency, sampling, max_new_tokens
+        self.arrivals, self.progress, self.virtual = arrivals, progress, virtual
+        self.pending = deque(range(num_requests))
+        self.active: dict[str, RequestRecord] = {}
+        self.done: list[RequestRecord] = []
+        self.rounds: list[RoundRecord] = []
+        self.elapsed = 0.0  # the virtual clock
+        self.start = time.perf_counter()
+
+    def now(self) -> float:
+        return self.elapsed if self.virtual else time.perf_counter() - self.start
+
+    def _timed(self, fn: Any) -> tuple[Any, float, float]:
+        t0 = self.now()
+        w0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - w0
+        if self.virtual:
+            self.elapsed += dt
+        return out, t0, (t0 + dt if self.virtual else self.now())
+
+    @property
+    def finished(self) -> bool:
+        return not (self.pending or self.active)
+
+    def step(self) -> None:
+        """Admit what has arrived, then run one round (or wait for the next arrival)."""
+        while self.pending and len(self.active) < self.concurrency and self.arrivals[self.pending[0]] <= self.now():
+            i = self.pending.popleft()
+            rec = RequestRecord(f"{self.label}-{i}", self.arrivals[i], admitted=self.now())
+            _, _, t1 = self._timed(lambda i=i, rec=rec: self.engine.add_request(
+                self.prompts[i % len(self.prompts)], self.sampling, self.max_new_tokens, request_id=rec.request_id))
+            rec.prefill_seconds = t1 - rec.admitted
+            self.active[rec.request_id] = rec
+        if not self.active:  # idle until the next arrival
+            gap = max(0.0, self.arrivals[self.pending[0]] - self.now())
+            if self.virtual:
+                self.elapsed += gap
+            else:
+                time.sleep(gap)
+            return
+        outputs, t0, t1 = self._timed(self.engine.step)
+        info = self.engine.last_round
+        self.rounds.append(RoundRecord(t0, t1 - t0, info.num_requests, sum(info.lengths), max(info.lengths),
+                                       info.batch_size, sum(info.accepted), info.drafted, info.draft_seconds,
+                                       info.target_seconds, info.context))
+        for o in outputs:
+            rec = self.active[o.request_id]
+            rec.rounds += 1
+            rec.new_tokens += len(o.new_tokens)
+            if rec.new_tokens and rec.first_token != rec.first_token:  # nan: first token now
+                rec.first_token = t1
+            if o.finished:
+                rec.finished = t1
+                self.done.append(self.active.pop(o.request_id))
+                if self.progress is not None:
+                    self.progress.update(1)
+        self.engine.pop_finished()
+
+    def result(self, arrival: str, rate: float | None) -> LevelRun:
+        makespan = max(r.finished for r in self.done)
+        self.done.sort(key=lambda r: int(r.request_id.rsplit("-", 1)[1]))
+        return LevelRun(self.label, self.concurrency, arrival, rate, makespan, self.rounds, self.done)
+
+
 def run_level(
     engine: Any,
     prompts: Sequence[torch.Tensor],
@@ -123,49 +204,40 @@ def run_level(
 
     ``progress``: an optional tqdm bar, advanced by one per finished request.
     """
-    if concurrency < 1 or num_requests < 1:
-        raise ValueError("concurrency and num_requests must be >= 1")
-    if not prompts:
-        raise ValueError("the workload holds no prompts")
+    serving = _Serving(engine, prompts, label, concurrency, num_requests, sampling, max_new_tokens,
+                       arrival_times(num_requests, arrival, rate, seed), progress, virtual=False)
+    while not serving.finished:
+        serving.step()
+    return serving.result(arrival, rate)
+
+
+def run_level_interleaved(
+    engines: dict[str, Any],
+    prompts: Sequence[torch.Tensor],
+    *,
+    concurrency: int,
+    num_requests: int,
+    sampling: Any,
+    max_new_tokens: int,
+    arrival: str = "closed",
+    rate: float | None = None,
+    seed: int = 0,
+    progress: Any = None,
+) -> dict[str, LevelRun]:
+    """The same workload through every engine of ``engines`` (label → engine), one round of each in
+    turn (the order rotated every turn), each on a virtual clock of its own seconds only: a drift of
+    the machine's speed then lands on all of them alike, where runs one after another each see a
+    different minute (``dspark bench --interleave``). Returns label → LevelRun, as
+    :func:`run_level` would for each engine alone."""
+    if not engines:
+        raise ValueError("need at least one engine")
     arrivals = arrival_times(num_requests, arrival, rate, seed)
-    pending = deque(range(num_requests))
-    active: dict[str, RequestRecord] = {}
-    done: list[RequestRecord] = []
-    rounds: list[RoundRecord] = []
-    start = time.perf_counter()
-
-    def now() -> float:
-        return time.perf_counter() - start
-
-    while pending or active:
-        while pending and len(active) < concurrency and arrivals[pending[0]] <= now():
-            i = pending.popleft()
-            rec = RequestRecord(f"{label}-{i}", arrivals[i], admitted=now())
-            engine.add_request(prompts[i % len(prompts)], sampling, max_new_tokens, request_id=rec.request_id)
-            rec.prefill_seconds = now() - rec.admitted
-            active[rec.request_id] = rec
-        if not active:  # idle until the next arrival
-            time.sleep(max(0.0, arrivals[pending[0]] - now()))
-            continue
-        t0 = now()
-        outputs = engine.step()
-        t1 = now()
-        info = engine.last_round
-        rounds.append(RoundRecord(t0, t1 - t0, info.num_requests, sum(info.lengths), max(info.lengths),
-                                  info.batch_size, sum(info.accepted), info.drafted, info.draft_seconds,
-                                  info.target_seconds, info.context))
-        for o in outputs:
-            rec = active[o.request_id]
-            rec.rounds += 1
-            rec.new_tokens += len(o.new_tokens)
-            if rec.new_tokens and rec.first_token != rec.first_token:  # nan: first token now
-                rec.first_token = t1
-            if o.finished:
-                rec.finished = t1
-                done.append(active.pop(o.request_id))
-                if progress is not None:
-                    progress.update(1)
-        engine.pop_finished()
-    makespan = max(r.finished for r in done)
-    done.sort(key=lambda r: int(r.request_id.rsplit("-", 1)[1]))
-    return LevelRun(label, concurrency, arrival, rate, makespan, rounds, done)
+    serving = {label: _Serving(e, prompts, label, concurrency, num_requests, sampling, max_new_tokens, arrivals,
+                               progress, virtual=True) for label, e in engines.items()}
+    labels, turn = list(serving), 0
+    while not all(s.finished for s in serving.values()):
+        for label in labels[turn % len(labels):] + labels[: turn % len(labels)]:
+            if not serving[label].finished:
+                serving[label].step()
+        turn += 1
+    return {label: s.result(arrival, rate) for label, s in serving.items()}
