@@ -161,7 +161,7 @@ def _generate(args: argparse.Namespace) -> int:
     from dspark.autotune import choose_dtype
     from dspark.drafters.config import MAX_GAMMA
     from dspark.engine import Engine, encode_prompt
-    from dspark.models import load_causal_lm, resolve_device
+    from dspark.models import load_causal_lm
     from dspark.plugins import lookup
 
     params = dspark.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -183,8 +183,7 @@ def _generate(args: argparse.Namespace) -> int:
     gamma = 7 if args.gamma is None else args.gamma
     if not 1 <= gamma <= MAX_GAMMA:
         raise ValueError(f"--gamma must lie in 1..{MAX_GAMMA}, got {gamma}")
-    device = resolve_device(args.device)
-    model, tok = load_causal_lm(args.model, torch.float32, device)
+    model, tok = load_causal_lm(args.model, torch.float32, args.device)  # a device not here fails before the load
     longest = max(encode_prompt(tok, p).numel() for p in args.prompts)
     measured_cost = args.cost_model == "sps-table" and not args.profile
     choice, target = choose_dtype(model, tok, context=longest + args.max_new_tokens // 2,
@@ -454,13 +453,12 @@ def _profile(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dspark.models import resolve_device
     from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes
     from dspark.targets import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.model, getattr(torch, args.dtype), device=resolve_device(args.device))
+    target = load_target(args.model, getattr(torch, args.dtype), device=args.device)
     times = time_shapes(target, args.requests, args.widths, args.contexts, args.repeats, args.seed,
                         progress=not args.quiet)
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),

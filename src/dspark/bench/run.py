@@ -269,7 +269,6 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     from dspark.evaluation import Rounds, collect_rounds, save_json
     from dspark.evaluation_runs import eval_prompts, load_drafter_spec
     from dspark.gating import DraftGate
-    from dspark.models import resolve_device
     from dspark.profiling import device_name
     from dspark.targets import load_target
     from dspark.types import SamplingParams
@@ -280,7 +279,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     _check_lossless(specs)  # an unknown or lossy scheduler fails before the model loads
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    target = load_target(opts.model, getattr(torch, opts.dtype), device=resolve_device(opts.device))
+    target = load_target(opts.model, getattr(torch, opts.dtype), device=opts.device)
     label, drafter, calibrator = load_drafter_spec(opts.drafter, target)
     if opts.calibration:
         from dspark.calibration import load_calibrator
@@ -322,6 +321,10 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     if opts.mode in ("measure", "both"):
         todo = [(rep, c, s) for rep in range(opts.repeats) for c in opts.concurrency for s in specs]
         bar = tqdm(total=sum(_requests_at(opts, c) for _, c, _ in todo), desc="bench (requests)", disable=opts.quiet)
+
+        def engine_for(s: Any) -> Any:
+            return build_engine(target, drafter, s, cost, calibrator, s.label in gated, opts.seed, prior)
+
         for rep in range(opts.repeats):
             for c in opts.concurrency:
                 order = [specs[i] for i in run_order(len(specs), rep)]  # a Williams design
@@ -330,10 +333,6 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
                 workload = dict(prompts=ids, concurrency=c, num_requests=n, sampling=sampling,
                                 max_new_tokens=opts.max_new_tokens, arrival=opts.arrival, rate=opts.rate,
                                 seed=opts.seed + rep, progress=bar)
-
-                def engine_for(s: Any) -> Any:
-                    return build_engine(target, drafter, s, cost, calibrator, s.label in gated, opts.seed, prior)
-
                 level: dict[str, Any] = {}
                 if opts.interleave and (opts.fresh or not all(p.is_file() for p in paths.values())):
                     bar.set_postfix_str(f"c={c} interleaved")  # all of the level's runs again, side by side

@@ -109,7 +109,7 @@ def arrival_times(n: int, arrival: str, rate: float | None = None, seed: int = 0
 class _Serving:
     """One engine serving one level's requests, a step at a time, on a clock of its own.
 
-    ``clock`` None: the wall clock (idle gaps before a Poisson arrival are slept). Otherwise a
+    ``virtual`` False: the wall clock (idle gaps before a Poisson arrival are slept). True: a
     virtual clock that advances only by the seconds of this engine's own admissions and rounds
     (idle gaps are skipped), so engines stepped in turn each see their own time only."""
 
