@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -335,14 +336,23 @@ def _train(args: argparse.Namespace) -> int:
     from dspark.training.run import TrainOptions, train
 
     run = train(TrainOptions.from_namespace(args))
+    code = 0
     if run.rank == 0 and not run.finished:
         print(f"stopped at step {run.step}/{run.steps}; state saved to {run.state_path} — "
               "re-run the same command to resume", file=sys.stderr)
-        return 130
-    if run.checkpoint is not None:
+        code = 130
+    elif run.checkpoint is not None:
         final = run.log[-1]
         print(f"saved {run.checkpoint} (final loss {final['loss']:.3f}, analytic τ {final['tau']:.2f})", file=sys.stderr)
-    return 0
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Under torchrun, leave without the interpreter's teardown: gloo's worker threads can still
+        # be joinable when C++ static destructors run, and std::terminate then aborts a rank whose
+        # work is already saved (seen once in CI, after destroy_process_group and the last barrier),
+        # which fails the whole job. Everything is written and the group is gone by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 # --------------------------------------------------------------------------------------------
