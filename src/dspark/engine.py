@@ -285,9 +285,21 @@ class Engine:
         return self.draft_gate is None or self.draft_gate.features_needed(self.capture_ahead)
 
     def _capture(self, on: bool) -> None:
-        if on != self._capturing and self.drafter is not None:
-            self.target.set_capture_layers(self.drafter.target_layer_ids if on else ())
+        """Have the target capture the drafter's layers (``on``) or none before its next forward.
+        Engines may share a target (``dspark bench --interleave`` steps several in turn), so the
+        target's own setting is what is compared, where it tells it: another engine may have
+        changed it since this one's last round (a gated engine switching capture off left a drafting
+        neighbour without features, and a plain one paying for capture)."""
+        want = tuple(self.drafter.target_layer_ids) if on and self.drafter is not None else ()
+        have = getattr(self.target, "capture_layers", None)
+        if have is None:  # a target that does not say: trust what this engine last set
+            if on == self._capturing or self.drafter is None:
+                return
+        elif tuple(have) == want:
             self._capturing = on
+            return
+        self.target.set_capture_layers(want)
+        self._capturing = on
 
     # -- one round ------------------------------------------------------------------------
     @torch.inference_mode()

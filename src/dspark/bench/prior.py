@@ -77,7 +77,6 @@ def measure_draft_overhead(target: Any, drafter: Any, ids: Sequence[Any], num_re
         fixed = dspark.get_scheduler("fixed", k=drafter.gamma)
         plain, drafted = [], []
         for _ in range(passes):
-            target.set_capture_layers(())
             plain += _round_excess(Engine(target, None, cost_model=cost_model, **timed), ids, R, rounds, at)
             drafted += _round_excess(Engine(target, drafter, scheduler=fixed, cost_model=cost_model,
                                             calibrator=calibrator or "identity", **timed), ids, R, rounds, at)

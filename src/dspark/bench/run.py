@@ -134,7 +134,6 @@ def build_engine(target: Any, drafter: Any, spec: Any, cost_model: Any, calibrat
     from dspark.gating import DraftGate
 
     if spec.plain:
-        target.set_capture_layers(())
         return Engine(target, None, cost_model=cost_model, seed=seed)
     scheduler = dspark.get_scheduler(spec.name, **spec.config)
     return Engine(target, drafter, scheduler=scheduler, cost_model=cost_model, calibrator=calibrator or "identity",
