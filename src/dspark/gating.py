@@ -261,6 +261,9 @@ class DraftGate:
     plain_overhead: dict[int, _Mean] = field(factory=dict, init=False)  # bucket → plain seconds beyond t(R) + α(R)
     _probe_next: bool = field(default=False, init=False)  # the round after a forecast skip drafts
     _current: frozenset = field(factory=frozenset, init=False)  # the requests of this round
+    # the last plain step read from the cost model, (model, R, seconds): a skipped round costs only
+    # its forward and this lookup (the engine's bound model is one object per context bucket and R)
+    _plain_read: tuple = field(default=(None, 0, 0.0), init=False)
     _skip_for: frozenset = field(factory=frozenset, init=False)  # the requests the skip was decided for
 
     def should_draft(self, request_ids: Sequence[str] | None = None, cost_model: CostModel | None = None) -> bool:
@@ -408,7 +411,7 @@ class DraftGate:
         # the cost model's t(B) + α(R) of this round's verification: its speed factor, and the
         # overhead the round measures beyond it (None: a drafted round without its lengths)
         if not drafted:
-            modelled = _plain_step_seconds(cost_model, num_requests)
+            modelled = self._plain_step(cost_model, num_requests)
         elif lengths is not None:
             modelled = round_seconds(cost_model, cost_model.batch_size(lengths.long()), num_requests)
         else:
@@ -490,4 +493,11 @@ class DraftGate:
         """Measured plain tokens / s in this bucket; before any plain round: the cost model's R / t(B₀)."""
         if bucket in self.plain:
             return self.plain[bucket].rate
-        return num_requests / _plain_step_seconds(cost_model, num_requests)
+        return num_requests / self._plain_step(cost_model, num_requests)
+
+    def _plain_step(self, cost_model: CostModel, num_requests: int) -> float:
+        model, R, seconds = self._plain_read
+        if model is not cost_model or R != num_requests:
+            seconds = _plain_step_seconds(cost_model, num_requests)
+            self._plain_read = (cost_model, num_requests, seconds)
+        return seconds

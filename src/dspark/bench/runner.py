@@ -225,19 +225,21 @@ def run_level_interleaved(
     progress: Any = None,
 ) -> dict[str, LevelRun]:
     """The same workload through every engine of ``engines`` (label → engine), one round of each in
-    turn (the order rotated every turn), each on a virtual clock of its own seconds only: a drift of
-    the machine's speed then lands on all of them alike, where runs one after another each see a
-    different minute (``dspark bench --interleave``). Returns label → LevelRun, as
-    :func:`run_level` would for each engine alone."""
+    turn, each on a virtual clock of its own seconds only: a drift of the machine's speed then lands
+    on all of them alike, where runs one after another each see a different minute (``dspark bench
+    --interleave``). Each turn's order is a fresh permutation (seeded by ``seed``), so every engine
+    follows every other equally often on average: a rotation gives each engine one neighbour as its
+    predecessor twice as often as the other (three engines), and a drafting neighbour leaves the
+    caches holding its drafter's weights. Returns label → LevelRun, as :func:`run_level` would for
+    each engine alone."""
     if not engines:
         raise ValueError("need at least one engine")
     arrivals = arrival_times(num_requests, arrival, rate, seed)
     serving = {label: _Serving(e, prompts, label, concurrency, num_requests, sampling, max_new_tokens, arrivals,
                                progress, virtual=True) for label, e in engines.items()}
-    labels, turn = list(serving), 0
+    labels, rng = list(serving), random.Random(f"interleave-{seed}")
     while not all(s.finished for s in serving.values()):
-        for label in labels[turn % len(labels):] + labels[: turn % len(labels)]:
+        for label in rng.sample(labels, len(labels)):
             if not serving[label].finished:
                 serving[label].step()
-        turn += 1
     return {label: s.result(arrival, rate) for label, s in serving.items()}
