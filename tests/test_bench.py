@@ -395,6 +395,26 @@ def test_time_model_scale_compares_each_round_at_its_recorded_context():
     assert type(mixed).from_dict(mixed.to_dict()) == mixed
 
 
+def test_time_model_drafts_at_the_median_measured_at_each_request_count():
+    """A drafter whose time is not a line in R: the simulation reads the median measured at each R
+    (a one-off slow round left out), linear between measured R, and the fitted slope beyond them;
+    an R drafted fewer than min_draft_rounds times is left to the line."""
+    def rounds(R, *seconds):
+        return [RoundRecord(0.0, s + 0.01, R, R, 1, 2 * R, 0, True, s, 0.01) for s in seconds]
+
+    run = LevelRun("fixed:k=1", 8, "closed", None, 1.0,
+                   rounds(1, 0.010, 0.010, 0.011, 0.05) + rounds(2, 0.012, 0.012, 0.012)
+                   + rounds(8, 0.030, 0.030, 0.029) + rounds(4, 0.05, 0.05), [])
+    tm = fit_time_model([run])
+    assert tm.draft_by_requests == pytest.approx({1: 0.0105, 2: 0.012, 8: 0.030})
+    assert tm.draft_seconds(1) == pytest.approx(0.0105) and tm.draft_seconds(8) == pytest.approx(0.030)
+    assert tm.draft_seconds(5) == pytest.approx(0.012 + 0.018 * 3 / 6)  # R = 4 had only two rounds
+    b = tm.draft[1]
+    assert b > 0 and tm.draft_seconds(10) == pytest.approx(0.030 + 2 * b)
+    assert TimeModel(draft=(0.001, 0.0005)).draft_seconds(4) == pytest.approx(0.003)  # older models: the line
+    assert TimeModel.from_dict(tm.to_dict()) == tm
+
+
 class SleepTarget(HFTarget):
     """A target whose verification takes a known time: 8 ms + 0.4 ms per padded token."""
 

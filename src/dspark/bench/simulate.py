@@ -84,7 +84,8 @@ def _affine(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
 @frozen
 class TimeModel:
     """Seconds per simulated round beyond the cost model's verification step:
-    drafting a + b·R (drafted rounds) plus ``draft_fraction`` × the cost model's step time of a
+    drafting (the median measured at each R, linear between measured R and along a + b·R beyond
+    them; a + b·R alone where none was measured) plus ``draft_fraction`` × the cost model's step time of a
     full block (R · (1 + γ) tokens; for GPU presets, where nothing was measured: a one-layer drafter
     on a 30-layer target is roughly 1/30), engine overhead c + d·R (sampling, scheduling,
     bookkeeping; drafted and plain rounds apart), and a prefill per admitted request."""
@@ -98,13 +99,29 @@ class TimeModel:
     # the same ratio per shape bucket "R,B" (powers of two at or below R and B) where measured
     # rounds had that shape: the profile's t(B) + α(R) is off by different factors at different shapes
     shape_scales: dict[str, float] = field(factory=dict)
+    # median drafting seconds at each R measured often enough: a CPU drafter's time is not affine
+    # in R (12.6 ms at R = 1, 27 at 8, 266 at 64 on the 2-core VM; the line through them says 10,
+    # 37.5 and 258, which put the simulation of fixed:k=7 17 % too fast at c = 1 and too slow at 8)
+    draft_by_requests: dict[int, float] = field(factory=dict, converter=lambda d: {int(k): float(v) for k, v in d.items()})
 
     def draft_seconds(self, R: int, gamma: int = 0, cost_model: Any = None) -> float:
-        seconds = self.draft[0] + self.draft[1] * R
+        seconds = self._measured_draft(R)
         if self.draft_fraction and cost_model is not None:
             full = cost_model.batch_size(torch.full((R,), gamma, dtype=torch.long))
             seconds += self.draft_fraction * float(cost_model.step_seconds(torch.tensor([full]))[0])
         return seconds
+
+    def _measured_draft(self, R: int) -> float:
+        a, b = self.draft
+        if not self.draft_by_requests:
+            return a + b * R
+        rs = sorted(self.draft_by_requests)
+        ys = [self.draft_by_requests[r] for r in rs]
+        if R < rs[0]:
+            return max(ys[0] - b * (rs[0] - R), 0.0)
+        if R > rs[-1]:
+            return ys[-1] + b * (R - rs[-1])
+        return float(np.interp(R, rs, ys))
 
     def scale(self, R: int, B: int) -> float:
         """Measured / modelled verification time for a round of R requests and B tokens."""
@@ -122,14 +139,16 @@ class TimeModel:
         return {"draft": list(self.draft), "overhead_drafted": list(self.overhead_drafted),
                 "overhead_plain": list(self.overhead_plain), "prefill_seconds": self.prefill_seconds,
                 "draft_fraction": self.draft_fraction, "target_scale": self.target_scale,
-                "shape_scales": dict(self.shape_scales)}
+                "shape_scales": dict(self.shape_scales),
+                "draft_by_requests": {str(k): v for k, v in self.draft_by_requests.items()}}
 
 
-def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeModel:
-    """Fit the drafting time, the engine overhead (round − draft − target), the prefill time and
-    (with ``cost_model``) the ratio of measured verification time to the model's from measured
-    runs, so that a simulation on the same machine adds what the cost model lacks. Each round is
-    modelled at the KV context it recorded (older records without one: at the model's own)."""
+def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None, min_draft_rounds: int = 3) -> TimeModel:
+    """Fit the drafting time (a line in R, and the median at each R with at least
+    ``min_draft_rounds`` drafted rounds), the engine overhead (round − draft − target), the prefill
+    time and (with ``cost_model``) the ratio of measured verification time to the model's from
+    measured runs, so that a simulation on the same machine adds what the cost model lacks. Each
+    round is modelled at the KV context it recorded (older records without one: at the model's own)."""
     rounds = [r for run in runs for r in run.rounds]
     drafted = [r for r in rounds if r.drafted]
     plain = [r for r in rounds if not r.drafted]
@@ -151,9 +170,14 @@ def fit_time_model(runs: Sequence[LevelRun], cost_model: Any = None) -> TimeMode
             acc[1] += modelled
         scale = sum(a for a, _ in sums.values()) / sum(b for _, b in sums.values())
         shapes = {k: a / b for k, (a, b) in sums.items() if b > 0}
+    by_requests: dict[int, list[float]] = {}
+    for r in drafted:
+        by_requests.setdefault(r.num_requests, []).append(r.draft_seconds)
     return TimeModel(_affine([r.num_requests for r in drafted], [r.draft_seconds for r in drafted]),
                      overhead(drafted), overhead(plain), float(np.median(prefill)) if prefill else 0.0,
-                     target_scale=float(scale), shape_scales=shapes)
+                     target_scale=float(scale), shape_scales=shapes,
+                     draft_by_requests={R: float(np.median(v)) for R, v in by_requests.items()
+                                        if len(v) >= min_draft_rounds})
 
 
 def shape_key(R: int, B: int) -> str:
