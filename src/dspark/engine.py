@@ -292,13 +292,10 @@ class Engine:
         neighbour without features, and a plain one paying for capture)."""
         want = tuple(self.drafter.target_layer_ids) if on and self.drafter is not None else ()
         have = getattr(self.target, "capture_layers", None)
-        if have is None:  # a target that does not say: trust what this engine last set
-            if on == self._capturing or self.drafter is None:
-                return
-        elif tuple(have) == want:
-            self._capturing = on
-            return
-        self.target.set_capture_layers(want)
+        if have is None:  # a target that does not say: what this engine last set
+            have = tuple(self.drafter.target_layer_ids) if self._capturing else ()
+        if tuple(have) != want:
+            self.target.set_capture_layers(want)
         self._capturing = on
 
     # -- one round ------------------------------------------------------------------------

@@ -102,7 +102,9 @@ class TimeModel:
     # median drafting seconds at each R measured often enough: a CPU drafter's time is not affine
     # in R (12.6 ms at R = 1, 27 at 8, 266 at 64 on the 2-core VM; the line through them says 10,
     # 37.5 and 258, which put the simulation of fixed:k=7 17 % too fast at c = 1 and too slow at 8)
-    draft_by_requests: dict[int, float] = field(factory=dict, converter=lambda d: {int(k): float(v) for k, v in d.items()})
+    # (kept in order of R, which draft_seconds reads in every simulated round)
+    draft_by_requests: dict[int, float] = field(
+        factory=dict, converter=lambda d: {int(k): float(v) for k, v in sorted(d.items(), key=lambda kv: int(kv[0]))})
 
     def draft_seconds(self, R: int, gamma: int = 0, cost_model: Any = None) -> float:
         seconds = self._measured_draft(R)
@@ -115,8 +117,7 @@ class TimeModel:
         a, b = self.draft
         if not self.draft_by_requests:
             return a + b * R
-        rs = sorted(self.draft_by_requests)
-        ys = [self.draft_by_requests[r] for r in rs]
+        rs, ys = list(self.draft_by_requests), list(self.draft_by_requests.values())  # ascending R
         if R < rs[0]:
             return max(ys[0] - b * (rs[0] - R), 0.0)
         if R > rs[-1]:
