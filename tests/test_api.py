@@ -163,17 +163,21 @@ def test_run_bench(tiny):
 
 
 def test_run_bench_interleaved(tiny):
-    """--interleave: a level's schedulers side by side; every run recorded, and a re-run resumes them."""
+    """--interleave: a level's schedulers side by side; every run recorded, and a re-run resumes them.
+    plain listed twice runs twice (plain#2, an A/A control) and is reported against its original."""
     root, target, data, run = tiny
     opts = dict(out=root / "bench-il", model=target, dtype="float32", drafter=run.checkpoint,
                 prompts=data.eval_prompts_path, per_domain=1, concurrency=[2], repeats=2, max_new_tokens=6,
-                mode="measure", profile_repeats=1, min_requests=2, schedulers=["plain", "fixed:k=4", "sps-greedy"],
-                interleave=True, quiet=True)
+                mode="measure", profile_repeats=1, min_requests=2,
+                schedulers=["plain", "fixed:k=4", "sps-greedy", "plain"], interleave=True, quiet=True)
     bench = dspark.run_bench(**opts)
     files = sorted(p.name for p in (bench.out / "runs").iterdir())
-    assert files == sorted(f"r{r}-c2-{s}.json" for r in (0, 1) for s in ("plain", "fixed_k_4", "sps-greedy"))
+    assert files == sorted(f"r{r}-c2-{s}.json" for r in (0, 1) for s in ("plain", "fixed_k_4", "sps-greedy", "plain_2"))
     assert {(r["scheduler"], r["repeat"]) for r in bench.result["runs"]} == {
-        (s, r) for s in ("plain", "fixed:k=4", "sps-greedy") for r in (0, 1)}
+        (s, r) for s in ("plain", "fixed:k=4", "sps-greedy", "plain#2") for r in (0, 1)}
+    (aa,) = bench.result["replicas"]
+    assert (aa["replica"], aa["original"], len(aa["ratios"])) == ("plain#2", "plain", 2)
+    assert "## A/A: the same scheduler run twice" in bench.markdown
     assert all(r["output_tokens"] == 4 * 6 for r in bench.result["runs"])  # max(2c, 2) requests × 6 tokens
     stamps = {p.name: p.stat().st_mtime_ns for p in (bench.out / "runs").iterdir()}
     again = dspark.run_bench(**opts)

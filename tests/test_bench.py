@@ -22,6 +22,7 @@ from dspark.bench import (
     arrival_times,
     fit_time_model,
     parse_scheduler_spec,
+    parse_scheduler_specs,
     run_level,
     simulate_level,
     summarise_run,
@@ -68,6 +69,37 @@ def test_scheduler_specs_parse_and_bad_ones_are_named():
     for bad, msg in [(":k=1", "no scheduler name"), ("fixed:k", "KEY=VALUE"), ("plain:k=1", "no configuration")]:
         with pytest.raises(ValueError, match=msg):
             parse_scheduler_spec(bad)
+
+
+def test_an_entry_listed_twice_runs_as_a_replica_and_is_reported_as_an_a_a_control():
+    """plain listed twice: the second is plain#2, a replica — neither sps-greedy's competition nor a
+    focus row; the A/A table gives its per-repeat ratio to the original (1.02, 0.97, 1.00 → median
+    1.00). Without the replica's exclusion the best other at repeat 0 would be plain#2 at 102."""
+    from dspark.bench.report import bench_markdown, ratios, replica_ratios
+
+    specs = parse_scheduler_specs(["plain", "sps-greedy", "plain", "plain"])
+    assert [s.label for s in specs] == ["plain", "sps-greedy", "plain#2", "plain#3"]
+    assert [s.replica for s in specs] == [False, False, True, True] and all(s.name == "plain" for s in specs[2:])
+    with pytest.raises(ValueError, match="reserved"):
+        parse_scheduler_spec("plain#2")
+    runs = [(0, "plain", 100.0), (0, "plain#2", 102.0), (0, "sps-greedy", 101.0),
+            (1, "plain", 100.0), (1, "plain#2", 97.0), (1, "sps-greedy", 99.0),
+            (2, "plain", 90.0), (2, "plain#2", 90.0), (2, "sps-greedy", 90.0)]
+    summaries = [{"repeat": r, "scheduler": s, "concurrency": 8, "throughput_tok_s": v} for r, s, v in runs]
+    rows = [{"scheduler": s, "concurrency": 8, "simulated": False, "throughput_tok_s": v}
+            for s, v in (("plain", 100.0), ("plain#2", 97.0), ("sps-greedy", 99.0))]
+    (q,) = ratios(rows, summaries=summaries)
+    assert q["focus"] == "sps-greedy" and q["best_other"] == "plain"
+    assert q["vs_best_other_paired"] == pytest.approx(1.0)  # 1.01, 0.99, 1.00
+    (aa,) = replica_ratios(summaries)
+    assert (aa["replica"], aa["original"], aa["concurrency"]) == ("plain#2", "plain", 8)
+    assert aa["ratios"] == pytest.approx([1.02, 0.97, 1.0]) and aa["median"] == pytest.approx(1.0)
+    assert (aa["min"], aa["max"]) == pytest.approx((0.97, 1.02))
+    md = bench_markdown({"meta": {"model": "m", "dtype": "bfloat16", "device": "cpu", "command": "dspark bench",
+                                  "drafter": "d", "gamma": 7, "arrival": "closed", "max_new_tokens": 8,
+                                  "temperature": 0.0, "repeats": 3, "cost_model": "x", "gated": []},
+                         "rows": [], "replicas": [aa]})
+    assert "| 8 | plain#2 / plain | 1.000 | 0.970 | 1.020 |" in md
 
 
 def test_arrivals_closed_loop_and_poisson():

@@ -517,7 +517,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, help="requests per second (poisson)")
     p.add_argument("--scheduler", dest="schedulers", action="append",
                    help="NAME[:KEY=VALUE,...], repeatable, e.g. --scheduler fixed:k=1 --scheduler my-plugin; "
-                   "'plain' is the no-drafter baseline (default: plain, fixed:k=1, fixed:k=γ, threshold, sps-greedy)")
+                   "'plain' is the no-drafter baseline (default: plain, fixed:k=1, fixed:k=γ, threshold, sps-greedy); "
+                   "an entry given twice runs twice (the second labelled NAME#2: an A/A control of the noise floor)")
     p.add_argument("--gate", action="append",
                    help="scheduler entry run with the draft gate, repeatable (default: sps-greedy; 'none': no gate)")
     p.add_argument("--gate-prior", default="measure",

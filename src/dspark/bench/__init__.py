@@ -8,7 +8,13 @@ the same code (:mod:`dspark.bench.records`) and reported as JSON, Markdown and P
 """
 
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord, summarise_run
-from dspark.bench.runner import SchedulerSpec, arrival_times, parse_scheduler_spec, run_level
+from dspark.bench.runner import (
+    SchedulerSpec,
+    arrival_times,
+    parse_scheduler_spec,
+    parse_scheduler_specs,
+    run_level,
+)
 from dspark.bench.simulate import (
     TimeModel,
     Trace,
@@ -19,5 +25,5 @@ from dspark.bench.simulate import (
 
 __all__ = [
     "LevelRun", "RequestRecord", "RoundRecord", "SchedulerSpec", "TimeModel", "Trace", "arrival_times",
-    "fit_time_model", "parse_scheduler_spec", "run_level", "simulate_level", "summarise_run", "traces_from_rounds",
+    "fit_time_model", "parse_scheduler_spec", "parse_scheduler_specs", "run_level", "simulate_level", "summarise_run", "traces_from_rounds",
 ]

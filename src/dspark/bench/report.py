@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["aggregate", "ratios", "bench_markdown", "plot_bench", "METRICS"]
+__all__ = ["aggregate", "ratios", "replica_ratios", "bench_markdown", "plot_bench", "METRICS"]
 
 METRICS = ("throughput_tok_s", "per_user_tok_s", "tau", "mean_verified", "mean_batch", "mean_active",
            "drafted_fraction", "step_ms", "draft_ms", "latency_p50_s", "latency_p90_s", "latency_p99_s",
@@ -42,6 +42,12 @@ def _family(label: str) -> str:
     return label.split(":", 1)[0]
 
 
+def _is_replica(label: str) -> bool:
+    from dspark.bench.runner import replica_of
+
+    return replica_of(label) is not None
+
+
 def _paired(summaries: Sequence[dict[str, Any]], c: int, focus: str, baseline: str) -> tuple[float, float]:
     """Measured repeats at concurrency c: the median over repeats of ``focus`` / ``baseline`` and of
     ``focus`` / the best other scheduler *of the same repeat* (``focus``'s own variants left out).
@@ -57,7 +63,7 @@ def _paired(summaries: Sequence[dict[str, Any]], c: int, focus: str, baseline: s
             continue
         if baseline in at:
             vs_plain.append(at[focus] / at[baseline])
-        others = [v for k, v in at.items() if _family(k) != _family(focus)]
+        others = [v for k, v in at.items() if _family(k) != _family(focus) and not _is_replica(k)]
         if others:
             vs_best.append(at[focus] / max(others))
     return _median(vs_plain) if vs_plain else math.nan, _median(vs_best) if vs_best else math.nan
@@ -68,20 +74,41 @@ def ratios(rows: Sequence[dict[str, Any]], focus: str = "sps-greedy", baseline: 
     """Per concurrency and per scheduler of ``focus``'s family (``focus`` and its variants, e.g.
     ``sps-greedy:sunk=true``): its throughput / ``baseline``'s and / the best scheduler of another
     family (ratios of the medians; a variant is not the competition its family must beat), and with
-    ``summaries`` (every repeat) the medians of the per-repeat ratios."""
+    ``summaries`` (every repeat) the medians of the per-repeat ratios. Replicas (``plain#2``) are
+    neither focus nor competition: :func:`replica_ratios` reports them."""
     out = []
     for sim in sorted({r["simulated"] for r in rows}):
         for c in sorted({r["concurrency"] for r in rows if r["simulated"] == sim}):
             at = {r["scheduler"]: r["throughput_tok_s"] for r in rows if r["concurrency"] == c and r["simulated"] == sim}
-            others = {k: v for k, v in at.items() if _family(k) != _family(focus)}
+            others = {k: v for k, v in at.items() if _family(k) != _family(focus) and not _is_replica(k)}
             best = max(others, key=others.get) if others else None
-            for name in sorted(k for k in at if _family(k) == _family(focus)):
+            for name in sorted(k for k in at if _family(k) == _family(focus) and not _is_replica(k)):
                 out.append({"concurrency": c, "simulated": sim, "focus": name,
                             "vs_plain": at[name] / at[baseline] if baseline in at else math.nan,
                             "best_other": best, "vs_best_other": at[name] / others[best] if best else math.nan})
                 if not sim and summaries:
                     out[-1]["vs_plain_paired"], out[-1]["vs_best_other_paired"] = _paired(summaries, c, name, baseline)
     return out
+
+
+def replica_ratios(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency and replica (``plain#2``): the replica's throughput / its original's in each
+    measured repeat — the same scheduler twice, so their spread is the noise floor of every paired
+    ratio in the same run (median, min and max over repeats)."""
+    from dspark.bench.runner import replica_of
+
+    reps: dict[tuple[int, int], dict[str, float]] = {}
+    for s in summaries:
+        if not s.get("simulated", False):
+            reps.setdefault((s["concurrency"], s.get("repeat", 0)), {})[s["scheduler"]] = s["throughput_tok_s"]
+    pairs: dict[tuple[int, str], list[float]] = {}
+    for (c, _), at in sorted(reps.items()):
+        for label, v in at.items():
+            original = replica_of(label)
+            if original is not None and at.get(original):
+                pairs.setdefault((c, label), []).append(v / at[original])
+    return [{"concurrency": c, "replica": label, "original": replica_of(label), "ratios": xs,
+             "median": _median(xs), "min": min(xs), "max": max(xs)} for (c, label), xs in sorted(pairs.items())]
 
 
 def _f(v: Any, digits: int = 2) -> str:
@@ -130,6 +157,15 @@ def bench_markdown(result: dict[str, Any]) -> str:
                          f"{q['focus']} | "
                          f"{_f(q['vs_plain'], 3)} | {q['best_other']} | {_f(q['vs_best_other'], 3)} | "
                          f"{_f(q.get('vs_plain_paired', math.nan), 3)} | {_f(q.get('vs_best_other_paired', math.nan), 3)} |")
+        lines.append("")
+    if result.get("replicas"):
+        lines += ["## A/A: the same scheduler run twice", "",
+                  "Each replica's throughput / its original's in the same repeat: what a paired ratio between two "
+                  "identical schedulers reads on this machine (the noise floor of the ratios above).", "",
+                  "| c | replica / original | paired (median) | min | max |", "|---|---|---|---|---|"]
+        for q in result["replicas"]:
+            lines.append(f"| {q['concurrency']} | {q['replica']} / {q['original']} | {_f(q['median'], 3)} | "
+                         f"{_f(q['min'], 3)} | {_f(q['max'], 3)} |")
         lines.append("")
     if result.get("agreement"):
         lines += ["## Simulation vs measurement (same profile, fitted drafting/overhead times)", "",

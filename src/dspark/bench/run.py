@@ -232,12 +232,13 @@ def _sim_cost_model(args: Any, measured: Any) -> tuple[Any, str]:
 def replot_bench(out: str | Path) -> Path:
     """Redraw ``bench.png`` and ``bench.md`` of a finished run from ``out/bench.json`` (its ratios
     recomputed from the recorded runs, so an older file gets today's tables); the PNG's path."""
-    from dspark.bench.report import bench_markdown, plot_bench, ratios
+    from dspark.bench.report import bench_markdown, plot_bench, ratios, replica_ratios
     from dspark.evaluation import save_json
 
     out = Path(out)
     result = json.loads((out / "bench.json").read_text())
     result["ratios"] = ratios(result["rows"], summaries=result.get("runs", ()))
+    result["replicas"] = replica_ratios(result.get("runs", ()))
     save_json(result, out / "bench.json")
     plot_bench(result["rows"], out / "bench.png", result["meta"]["title"])
     (out / "bench.md").write_text(bench_markdown(result))
@@ -255,9 +256,16 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
 
     import dspark
     from dspark.bench.records import LevelRun, summarise_run
-    from dspark.bench.report import aggregate, agreement, bench_markdown, plot_bench, ratios
+    from dspark.bench.report import (
+        aggregate,
+        agreement,
+        bench_markdown,
+        plot_bench,
+        ratios,
+        replica_ratios,
+    )
     from dspark.bench.runner import (
-        parse_scheduler_spec,
+        parse_scheduler_specs,
         run_level,
         run_level_interleaved,
         run_order,
@@ -274,7 +282,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
 
     opts = resolve_options(BenchOptions, options, overrides)
     out = Path(opts.out)
-    specs = [parse_scheduler_spec(s) for s in opts.schedulers or ()]
+    specs = parse_scheduler_specs(opts.schedulers or ())
     _check_lossless(specs)  # an unknown or lossy scheduler fails before the model loads
     if opts.threads:
         torch.set_num_threads(opts.threads)
@@ -286,7 +294,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         calibrator = load_calibrator(opts.calibration)
     gamma = drafter.gamma
     if not specs:
-        specs = [parse_scheduler_spec(s) for s in default_schedulers(gamma)]
+        specs = parse_scheduler_specs(default_schedulers(gamma))
         _check_lossless(specs)
     gate = ["sps-greedy"] if opts.gate is None else [g for g in opts.gate if g != "none"]
     gated = [s.label for s in specs if not s.plain and (s.label in gate or s.name in gate)]
@@ -373,7 +381,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
                 R: max(time_model.draft_seconds(R, gamma, sim_cost) + time_model.overhead(R, True)
                        - time_model.overhead(R, False), 0.0) for R in levels})
         for c in levels:
-            for s in specs:
+            for s in (s for s in specs if not s.replica):  # a replica would replay the same rounds
                 sched = None if s.plain else dspark.get_scheduler(s.name, **s.config)
                 run = simulate_level(traces, s, scheduler=sched, calibrator=calibrator or dspark.get_calibrator("identity"),
                                      cost_model=sim_cost, time_model=time_model, concurrency=c,
@@ -394,7 +402,8 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
             "cost_model": f"sps-table ({opts.profile or out / 'profile.json'})",
             "simulation_cost_model": sim_desc, "title": title,
             "command": " ".join(["dspark", *sys.argv[1:]])}
-    result = {"meta": meta, "rows": rows, "ratios": ratios(rows, summaries=summaries), "agreement": agreement(rows),
+    result = {"meta": meta, "rows": rows, "ratios": ratios(rows, summaries=summaries),
+              "replicas": replica_ratios(summaries), "agreement": agreement(rows),
               "time_model": time_model.to_dict() if time_model else None, "runs": summaries}
     if opts.mode in ("simulate", "both"):  # the same inputs, in the formats serving engines read
         from dspark.interop import survival_from_rounds, write_interop

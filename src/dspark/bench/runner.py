@@ -19,10 +19,11 @@ from attrs import frozen
 
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 
-__all__ = ["ARRIVALS", "SchedulerSpec", "arrival_times", "parse_scheduler_spec", "run_level", "run_level_interleaved",
-           "run_order"]
+__all__ = ["ARRIVALS", "REPLICA", "SchedulerSpec", "arrival_times", "parse_scheduler_spec", "parse_scheduler_specs",
+           "replica_of", "run_level", "run_level_interleaved", "run_order"]
 
 ARRIVALS = ("closed", "poisson")
+REPLICA = "#"  # an entry listed again runs again as a replica: "plain", "plain#2", ...
 
 
 @frozen
@@ -36,6 +37,17 @@ class SchedulerSpec:
     @property
     def plain(self) -> bool:
         return self.name == "plain"
+
+    @property
+    def replica(self) -> bool:
+        """A second (third, ...) run of an entry listed before it: an A/A control."""
+        return replica_of(self.label) is not None
+
+
+def replica_of(label: str) -> str | None:
+    """The entry a replica label repeats (``plain#2`` → ``plain``), or None for an original."""
+    base, sep, k = label.rpartition(REPLICA)
+    return base if sep and k.isdigit() else None
 
 
 def _value(text: str) -> Any:
@@ -60,7 +72,23 @@ def parse_scheduler_spec(spec: str) -> SchedulerSpec:
         raise ValueError(f"scheduler spec {spec!r} has no scheduler name")
     if name == "plain" and config:
         raise ValueError("the 'plain' baseline takes no configuration")
+    if REPLICA in spec:
+        raise ValueError(f"scheduler spec {spec!r}: {REPLICA!r} is reserved for replica labels; list an entry "
+                         "twice to run it twice")
     return SchedulerSpec(spec.strip(), name, config)
+
+
+def parse_scheduler_specs(specs: Sequence[str]) -> list[SchedulerSpec]:
+    """Several specs; an entry listed again becomes a replica labelled ``LABEL#2``, ``LABEL#3``, ...
+    — the same scheduler run again beside the original (an A/A control: the spread between the
+    two is the noise floor a ratio between different schedulers must clear)."""
+    out: list[SchedulerSpec] = []
+    seen: dict[str, int] = {}
+    for text in specs:
+        s = parse_scheduler_spec(text)
+        seen[s.label] = seen.get(s.label, 0) + 1
+        out.append(s if seen[s.label] == 1 else SchedulerSpec(f"{s.label}{REPLICA}{seen[s.label]}", s.name, s.config))
+    return out
 
 
 def build_lossless(spec: SchedulerSpec, why: str) -> Any:
