@@ -102,6 +102,25 @@ def test_an_entry_listed_twice_runs_as_a_replica_and_is_reported_as_an_a_a_contr
     assert "| 8 | plain#2 / plain | 1.000 | 0.970 | 1.020 |" in md
 
 
+def test_pooled_ratio_is_the_geometric_mean_of_the_pairs_with_a_bootstrap_interval():
+    """Pairs at c = 4 (ratios 0.5, 2.0) and c = 8 (1.0, 1.0): geometric mean over all four is 1; the
+    bootstrap means of log-ratios lie in [log 0.5, log 2], so the interval does too and contains 1;
+    only c = 8 → exactly 1 with a zero-width interval. An unknown label is named."""
+    from dspark.bench.report import pooled_ratio
+
+    runs = [(4, 0, 50.0), (4, 1, 200.0), (8, 0, 100.0), (8, 1, 100.0)]
+    summaries = [x for c, r, v in runs for x in ({"repeat": r, "concurrency": c, "scheduler": "a", "throughput_tok_s": v},
+                                                 {"repeat": r, "concurrency": c, "scheduler": "b", "throughput_tok_s": 100.0})]
+    q = pooled_ratio(summaries, "a", "b")
+    assert q["pairs"] == 4 and q["geomean"] == pytest.approx(1.0)
+    assert 0.5 <= q["low"] <= 1.0 <= q["high"] <= 2.0 and q["low"] < q["high"]
+    assert pooled_ratio(summaries, "a", "b") == q  # seeded: the same interval on every call
+    only8 = pooled_ratio(summaries, "a", "b", levels=[8])
+    assert (only8["pairs"], only8["geomean"], only8["low"], only8["high"]) == (2, 1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="'c'"):
+        pooled_ratio(summaries, "c", "b")
+
+
 def test_arrivals_closed_loop_and_poisson():
     assert arrival_times(4, "closed") == [0.0] * 4
     t = arrival_times(4000, "poisson", rate=20.0, seed=1)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["aggregate", "ratios", "replica_ratios", "bench_markdown", "plot_bench", "METRICS"]
+__all__ = ["aggregate", "ratios", "replica_ratios", "pooled_ratio", "bench_markdown", "plot_bench", "METRICS"]
 
 METRICS = ("throughput_tok_s", "per_user_tok_s", "tau", "mean_verified", "mean_batch", "mean_active",
            "drafted_fraction", "step_ms", "draft_ms", "latency_p50_s", "latency_p90_s", "latency_p99_s",
@@ -111,6 +111,27 @@ def replica_ratios(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
              "median": _median(xs), "min": min(xs), "max": max(xs)} for (c, label), xs in sorted(pairs.items())]
 
 
+def pooled_ratio(summaries: Sequence[dict[str, Any]], a: str, b: str, levels: Sequence[int] | None = None,
+                 resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """``a`` / ``b`` pooled over the measured (level, repeat) pairs at ``levels`` (default: every
+    level both ran): the geometric mean of the per-pair throughput ratios and a bootstrap 95 %
+    interval over pairs (``resamples`` resamples with replacement, ``seed``: the same interval on
+    every call). Pairs are runs of one repeat at one level, so a machine's drift cancels in each."""
+    import numpy as np
+
+    at: dict[tuple[int, int], dict[str, float]] = {}
+    for s in summaries:
+        if not s.get("simulated", False) and (levels is None or s["concurrency"] in levels):
+            at.setdefault((s["concurrency"], s.get("repeat", 0)), {})[s["scheduler"]] = s["throughput_tok_s"]
+    logs = np.array([math.log(v[a] / v[b]) for _, v in sorted(at.items()) if v.get(a) and v.get(b)])  # [pairs]
+    if not len(logs):
+        raise ValueError(f"no measured repeat ran both {a!r} and {b!r}" + (f" at levels {list(levels)}" if levels else ""))
+    means = np.random.default_rng(seed).choice(logs, size=(resamples, len(logs))).mean(axis=1)  # [resamples]
+    lo, hi = np.quantile(means, [0.025, 0.975])
+    return {"a": a, "b": b, "pairs": len(logs), "geomean": math.exp(logs.mean()), "low": math.exp(lo),
+            "high": math.exp(hi)}
+
+
 def _f(v: Any, digits: int = 2) -> str:
     if isinstance(v, float):
         return "–" if math.isnan(v) else f"{v:.{digits}f}"
@@ -167,6 +188,12 @@ def bench_markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {q['concurrency']} | {q['replica']} / {q['original']} | {_f(q['median'], 3)} | "
                          f"{_f(q['min'], 3)} | {_f(q['max'], 3)} |")
         lines.append("")
+        for replica, original in dict.fromkeys((q["replica"], q["original"]) for q in result["replicas"]):
+            if result.get("runs"):
+                p = pooled_ratio(result["runs"], replica, original)
+                lines += [f"Pooled over every level: {replica} / {original} = {p['geomean']:.4f}, 95 % bootstrap "
+                          f"interval [{p['low']:.4f}, {p['high']:.4f}] ({p['pairs']} pairs; "
+                          "`python scripts/bench_pooled.py OUT A B --levels ...` pools any two entries).", ""]
     if result.get("agreement"):
         lines += ["## Simulation vs measurement (same profile, fitted drafting/overhead times)", "",
                   "| c | scheduler | measured tok/s | simulated tok/s | simulated / measured |", "|---|---|---|---|---|"]
