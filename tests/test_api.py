@@ -187,28 +187,32 @@ def test_run_bench_interleaved(tiny):
 def test_run_demo(tiny):
     root, target, data, run = tiny
     demo = dspark.run_demo(drafter=run.checkpoint, model=target, max_new_tokens=8, per_domain=1, repeats=1,
-                           samples=200, dtype="float32", out=root / "demo")
+                           samples=200, dtype="float32", step="packed", out=root / "demo")
     assert isinstance(demo, dspark.DemoResult) and demo.all_identical and demo.speedup > 0
     assert demo.result["gamma"] == 4 and {r["domain"] for r in demo.result["greedy_identity_fp32"]} == set(DOMAINS)
     assert demo.markdown == (demo.out / "demo.md").read_text()
     assert json.loads((demo.out / "demo.json").read_text())["command"].endswith(
-        f"--samples 200 --dtype float32 --gate --scheduler sps-greedy --out {root / 'demo'} --model {target} --device cpu")
+        f"--samples 200 --dtype float32 --step packed --compile --gate --scheduler sps-greedy --out {root / 'demo'} "
+        f"--model {target} --device cpu")
+    assert demo.result["speed"]["step"] == demo.result["speed"]["plain_step"] == "packed"
 
 
 def test_run_demo_races_the_dtypes_on_speculative_speed(tiny):
-    """--dtype auto: both dtypes rated by their best fixed draft length (survival of the identity
-    rounds, overhead timed on each); plain decoding runs in its own faster dtype and the baseline
-    is the fastest plain run, HF generate timed in both dtypes when they differ."""
+    """--dtype auto --step auto: every dtype × eager step path rated by its best fixed draft length
+    (survival of the identity rounds, overhead timed on each); plain decoding runs in its own
+    fastest configuration and the baseline is the fastest plain run, HF generate timed in both
+    dtypes when they differ."""
     root, target, data, run = tiny
     demo = dspark.run_demo(drafter=run.checkpoint, model=target, max_new_tokens=8, per_domain=1, repeats=1,
-                           samples=200, dtype="auto", out=root / "demo-auto")
+                           samples=200, dtype="auto", compile=False, out=root / "demo-auto")
     choice, speed = demo.result["dtype_choice"], demo.result["speed"]
-    assert set(choice["speculative"]) == {"float32", "bfloat16"}
+    assert set(choice["speculative"]) == {f"{d}/{p}" for d in ("float32", "bfloat16") for p in ("eager", "packed")}
     best = max(choice["speculative"], key=lambda d: choice["speculative"][d]["tokens_per_second"])
-    assert speed["dtype"] == choice["dtype"] == best
-    assert speed["plain_dtype"] == min(choice["plain_step_seconds"], key=choice["plain_step_seconds"].get)
+    assert f"{speed['dtype']}/{speed['step']}" == f"{choice['dtype']}/{choice['path']}" == best
+    plain = min(choice["plain_step_seconds"], key=choice["plain_step_seconds"].get)
+    assert f"{speed['plain_dtype']}/{speed['plain_step']}" == choice["plain"] == plain
     plain_runs = {k: v for k, v in speed["median_seconds"].items() if k != "engine_dspark"}
-    assert (f"hf_generate_{best}" in plain_runs) == (speed["plain_dtype"] != best)
+    assert (f"hf_generate_{speed['dtype']}" in plain_runs) == (speed["plain_dtype"] != speed["dtype"])
     assert speed["baseline"] == min(plain_runs, key=plain_runs.get)
     assert demo.speedup == pytest.approx(plain_runs[speed["baseline"]] / speed["median_seconds"]["engine_dspark"])
     # the draft gate starts from the same measurements: the identity rounds' survival, the overhead

@@ -16,14 +16,16 @@ from helpers import tiny_causal_lm
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _fake_profiles(monkeypatch, table: dict[torch.dtype, dict[int, float]]) -> list[torch.dtype]:
-    """Make measure_profile return ``table[dtype of the target's model]``; returns the dtypes timed."""
+def _fake_profiles(monkeypatch, table: dict) -> list[torch.dtype]:
+    """Make measure_profile return ``table[dtype of the target's model]`` (or ``table[dtype,
+    target.path]``); returns the dtypes timed."""
     timed: list[torch.dtype] = []
 
     def fake(target, context, widths, repeats=5):
         dtype = next(target.model.parameters()).dtype
         timed.append(dtype)
-        return {w: table[dtype][w] for w in widths}
+        row = table[dtype] if dtype in table else table[dtype, target.path]
+        return {w: row[w] for w in widths}
 
     monkeypatch.setattr(autotune, "measure_profile", fake)
     return timed
@@ -41,15 +43,16 @@ SLOW_BF16 = {torch.float32: {1: 0.040, 2: 0.044, 3: 0.046, 4: 0.047},
 def test_the_faster_plain_step_wins_and_its_profile_is_kept(monkeypatch, table, expected):
     model = tiny_causal_lm()
     timed = _fake_profiles(monkeypatch, table)
-    choice, target = choose_dtype(model, None, context=20, gamma=3)
+    choice, target = choose_dtype(model, None, context=20, gamma=3, paths=("eager",))
     assert set(timed) == {torch.float32, torch.bfloat16}
-    assert choice.dtype == expected and not choice.fixed
+    assert choice.dtype == expected and not choice.fixed and choice.path == "eager"
     assert choice.profile == table[getattr(torch, expected)]
-    assert choice.plain_step_seconds == {"float32": table[torch.float32][1], "bfloat16": table[torch.bfloat16][1]}
+    assert choice.plain_step_seconds == {"float32/eager": table[torch.float32][1],
+                                         "bfloat16/eager": table[torch.bfloat16][1]}
     assert next(target.model.parameters()).dtype == getattr(torch, expected)
     assert next(model.parameters()).dtype == torch.float32  # the caller's model is not cast in place
     line = choice.reason
-    assert line.startswith(f"dtype {expected} (the faster plain step") and "float32" in line and "bfloat16" in line
+    assert line.startswith(f"target step {expected}/eager (the fastest plain step") and "float32" in line and "bfloat16" in line
     cost = choice.cost_model("tiny")
     assert cost.profile.dtype == expected and cost.profile.model == "tiny"
     assert float(cost.step_seconds(torch.tensor([1]))[0]) == pytest.approx(table[getattr(torch, expected)][1])
@@ -58,7 +61,7 @@ def test_the_faster_plain_step_wins_and_its_profile_is_kept(monkeypatch, table, 
 def test_a_fixed_dtype_is_not_raced_and_bad_names_are_refused(monkeypatch):
     model = tiny_causal_lm()
     timed = _fake_profiles(monkeypatch, EMULATED)
-    choice, _ = choose_dtype(model, None, context=20, gamma=3, dtype="float32")
+    choice, _ = choose_dtype(model, None, context=20, gamma=3, dtype="float32", paths=("eager",))
     assert timed == [torch.float32] and choice.fixed and choice.dtype == "float32"
     assert "fixed by the user" in choice.reason
     with pytest.raises(ValueError, match="dtype must be 'auto' or one of"):
@@ -67,13 +70,16 @@ def test_a_fixed_dtype_is_not_raced_and_bad_names_are_refused(monkeypatch):
         choose_dtype(model, None, context=20, gamma=-1)
     with pytest.raises(ValueError, match="unknown dtype candidates"):
         choose_dtype(model, None, context=20, gamma=3, candidates=("float32", "int8"))
+    with pytest.raises(ValueError, match="unknown step paths"):
+        choose_dtype(model, None, context=20, gamma=3, paths=("eager", "turbo"))
 
 
 def test_real_measurement_on_a_tiny_model():
     """No fake: both dtypes are timed for q = 1..γ+1 and the choice is their minimum."""
-    choice, target = choose_dtype(tiny_causal_lm(), None, context=16, gamma=2, repeats=2)
+    choice, target = choose_dtype(tiny_causal_lm(), None, context=16, gamma=2, repeats=2, paths=("eager", "packed"))
     assert set(choice.profile) == {1, 2, 3} and all(s > 0 for s in choice.profile.values())
-    assert choice.dtype == min(choice.plain_step_seconds, key=choice.plain_step_seconds.get)
+    assert choice.label == min(choice.plain_step_seconds, key=choice.plain_step_seconds.get)
+    assert set(choice.plain_step_seconds) == {"float32/eager", "float32/packed", "bfloat16/eager", "bfloat16/packed"}
     d = choice.to_dict()
     assert d["machine"]["threads"] == torch.get_num_threads() and d["dtype"] == choice.dtype
     assert target.vocab_size == 32 and not target.request_ids  # the profiling requests were released
@@ -102,7 +108,7 @@ def test_dtype_choice_round_trips_to_dict():
     c = DtypeChoice("float32", 100, {"float32": 0.04, "bfloat16": 0.05}, {1: 0.04, 2: 0.05}, False, 1.5, m)
     d = c.to_dict()
     assert d["profile_step_seconds"] == {"1": 0.04, "2": 0.05} and d["machine"]["kind"] == "AVX2 only (bf16 emulated)"
-    assert "float32 40.0 ms, bfloat16 50.0 ms" in d["reason"]
+    assert "float32 40.0 ms, bfloat16 50.0 ms" in d["reason"] and d["path"] == "eager"
 
 
 # An AMX-like CPU (measured 2026-12-02 on a 2-core Xeon, scaled to γ = 3): bf16 is slower for one
@@ -129,32 +135,71 @@ def test_with_a_speculation_the_faster_speculative_decode_wins(monkeypatch):
         return 0.015
 
     spec = autotune.Speculation(SURVIVAL, overhead)
-    choice, target = choose_dtype(model, None, context=20, gamma=3, speculation=spec)
+    choice, target = choose_dtype(model, None, context=20, gamma=3, speculation=spec, paths=("eager",))
     assert seen == [torch.float32, torch.bfloat16]  # timed on each candidate's own target
     assert choice.dtype == "bfloat16" and choice.plain_dtype == "float32"
     assert next(target.model.parameters()).dtype == torch.bfloat16 and choice.profile == AMX[torch.bfloat16]
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         rates = _longhand_rates(AMX[dt], SURVIVAL, 0.015)
-        got = choice.speculative[name]
+        got = choice.speculative[f"{name}/eager"]
         assert got["tokens_per_second"] == pytest.approx(max(rates))
         assert got["draft_length"] == rates.index(max(rates))
         assert got["plain_tokens_per_second"] == pytest.approx(1 / AMX[dt][1])
-    assert choice.speculative["float32"]["draft_length"] == 0  # drafting cannot pay in fp32 here
-    assert "the faster speculative decode" in choice.reason and "plain decoding is faster in float32" in choice.reason
+    assert choice.speculative["float32/eager"]["draft_length"] == 0  # drafting cannot pay in fp32 here
+    assert "the faster speculative decode" in choice.reason and "plain decoding is fastest in float32/eager" in choice.reason
     d = choice.to_dict()
-    assert d["plain_dtype"] == "float32" and d["speculative"]["bfloat16"]["draft_length"] == 3
+    assert d["plain"] == "float32/eager" and d["speculative"]["bfloat16/eager"]["draft_length"] == 3
 
 
 def test_where_drafting_pays_in_no_dtype_the_faster_plain_step_wins(monkeypatch):
     model = tiny_causal_lm()
     _fake_profiles(monkeypatch, SLOW_BF16)
     spec = autotune.Speculation((0.05, 0.01, 0.0), lambda target, cost: 0.030)
-    choice, _ = choose_dtype(model, None, context=20, gamma=3, speculation=spec)
+    choice, _ = choose_dtype(model, None, context=20, gamma=3, speculation=spec, paths=("eager",))
     assert choice.dtype == choice.plain_dtype == "float32"
     assert all(v["draft_length"] == 0 for v in choice.speculative.values())
     # a fixed dtype is not raced, even with a speculation: only it is rated
-    fixed, _ = choose_dtype(model, None, context=20, gamma=3, dtype="bfloat16", speculation=spec)
-    assert fixed.dtype == "bfloat16" and set(fixed.speculative) == {"bfloat16"} and "fixed by the user" in fixed.reason
+    fixed, _ = choose_dtype(model, None, context=20, gamma=3, dtype="bfloat16", speculation=spec, paths=("eager",))
+    assert fixed.dtype == "bfloat16" and set(fixed.speculative) == {"bfloat16/eager"} and "fixed by the user" in fixed.reason
+
+
+# dtype × path: packed bf16 wins the eager paths; compiling it (raced in bf16 only) wins again
+PATHS_TABLE = {(torch.float32, "eager"): {1: 0.033, 2: 0.035, 3: 0.050, 4: 0.062},
+               (torch.float32, "packed"): {1: 0.031, 2: 0.033, 3: 0.047, 4: 0.060},
+               (torch.bfloat16, "eager"): {1: 0.038, 2: 0.040, 3: 0.041, 4: 0.042},
+               (torch.bfloat16, "packed"): {1: 0.028, 2: 0.029, 3: 0.029, 4: 0.030},
+               (torch.bfloat16, "compiled"): {1: 0.024, 2: 0.025, 3: 0.025, 4: 0.026}}
+
+
+def test_paths_are_raced_and_only_the_winning_dtype_is_compiled(monkeypatch):
+    model = tiny_causal_lm()
+    _fake_profiles(monkeypatch, PATHS_TABLE)
+    built: list[tuple[torch.dtype, str]] = []
+
+    def make(m, tok, path):
+        built.append((next(m.parameters()).dtype, path))
+        target = autotune_target(m, tok, path)
+        return target
+
+    from dspark.targets import HFTarget
+
+    def autotune_target(m, tok, path):
+        t = HFTarget(m, tok)
+        t.path = path
+        return t
+
+    choice, target = choose_dtype(model, None, context=20, gamma=3, make_target=make)
+    assert built == [(torch.float32, "eager"), (torch.float32, "packed"), (torch.bfloat16, "eager"),
+                     (torch.bfloat16, "packed"), (torch.bfloat16, "compiled")]
+    assert choice.label == "bfloat16/compiled" and target.path == "compiled" and choice.plain_label == "bfloat16/compiled"
+    assert choice.compile_seconds is not None and "compiled in" in choice.reason
+    assert choice.profile == PATHS_TABLE[torch.bfloat16, "compiled"]
+
+    def falls_back(m, tok, path):  # a compile that cannot run here: the target says "packed"
+        return autotune_target(m, tok, "packed" if path == "compiled" else path)
+
+    choice, target = choose_dtype(model, None, context=20, gamma=3, make_target=falls_back)
+    assert choice.label == "bfloat16/packed" and "bfloat16/compiled fell back to packed" in choice.reason
 
 
 def test_speculation_and_survival_are_checked():

@@ -1,22 +1,24 @@
-"""Start-up choices made by measurement on the machine at hand: the target's dtype and its cost profile.
+"""Start-up choices made by measurement on the machine at hand: the target's dtype, the path its
+step runs on, and its cost profile.
 
-Whether bf16 pays on a CPU depends on the CPU: with AVX-512-BF16 (or AMX) a bf16 step is about half
-an fp32 one and verifying 8 tokens costs little more than 1; with AVX2 only, bf16 matmuls are
-emulated and the step time grows about linearly with the tokens verified — drafting then cannot pay
-in bf16, and fp32 may be the faster plain decode. Neither is assumed: :func:`choose_dtype` times one
-plain step (one request, one token over ``context`` tokens of KV cache) of the target in each
-candidate dtype, keeps the faster, and returns the verification profile t(1 + ℓ), ℓ = 0..γ, it
-measured for that dtype — the cost model the scheduler and the draft gate then use. A few seconds.
+Whether bf16 pays on a CPU depends on the CPU: with AVX-512-BF16 or AMX tiles a bf16 product can
+be about half an fp32 one and verifying 8 tokens cost little more than 1; with AVX2 only, bf16
+matmuls are emulated and the step grows about linearly with the tokens verified. How the step runs
+matters as much: the HF forward (``eager``) hands oneDNN unpacked bf16 weights, which it re-lays-out
+on every call; :mod:`dspark.fast` offers the same arithmetic with prepacked weights (``packed``) and
+compiled by inductor (``compiled``). None of this is assumed: :func:`choose_dtype` times the
+verification profile t(1 + ℓ), ℓ = 0..γ, of one request over ``context`` tokens of KV cache for
+each candidate dtype × path, keeps the fastest, and returns its profile — the cost model the
+scheduler and the draft gate then use. Compiling takes minutes (inductor's on-disk cache shortens
+later start-ups), so it is raced only in the dtype that won the eager paths.
 
-The faster plain step is not always the faster speculative decode. On a 2-core Xeon with AMX
-(measured 2026-12-02) a bf16 plain step is *slower* than an fp32 one (41 vs 38 ms: a one-row bf16
-GEMV gains nothing there) while verifying 8 tokens costs 1.8× one token in fp32 and little more
-than one in bf16 (AMX tiles fill with 8 rows). Given a :class:`Speculation` — the drafter's
-acceptance survival and a way to time its round overhead on a candidate target — every candidate
-is rated by its best fixed draft length's expected tokens per second at one request
-(:func:`dspark.cost_models.best_fixed_length`, k = 0 being plain decoding), and the speculative
-engine runs in the best one; plain decoding is still timed in each and ``plain_dtype`` names the
-faster, for the baseline a fair comparison needs.
+The fastest plain step is not always the fastest speculative decode: a configuration whose step
+grows little with the tokens verified can win with drafting while losing at one token. Given a
+:class:`Speculation` — the drafter's acceptance survival and a way to time its round overhead on a
+candidate target — every candidate is rated by its best fixed draft length's expected tokens per
+second at one request (:func:`dspark.cost_models.best_fixed_length`, k = 0 being plain decoding),
+and the speculative engine runs in the best one; plain decoding is still timed in each and
+``plain_label`` names the fastest, for the baseline a fair comparison needs.
 
 Terms: a *plain step* is one target forward of one new token (plain decoding's cost per token);
 ``context`` is the KV-cache length the job will decode at (prompt + about half the new tokens).
@@ -120,54 +122,79 @@ def profile_cost_model(points: dict[int, float], *, dtype: str, model: str, devi
                                          date=time.strftime("%Y-%m-%d"), threads=torch.get_num_threads())
 
 
+def label(dtype: str, path: str) -> str:
+    """A raced configuration's name: ``"bfloat16/packed"``."""
+    return f"{dtype}/{path}"
+
+
 @frozen
 class DtypeChoice:
-    """What :func:`choose_dtype` measured and picked."""
+    """What :func:`choose_dtype` measured and picked: a dtype and the path its step runs on
+    (:data:`dspark.fast.PATHS`); every dict is keyed by configuration :func:`label`."""
 
     dtype: str
     context: int
-    plain_step_seconds: dict[str, float]  # dtype → one plain step at ``context``
-    profile: dict[int, float]  # the chosen dtype's t(q), q = 1..γ+1
+    plain_step_seconds: dict[str, float]  # configuration → one plain step at ``context``
+    profile: dict[int, float]  # the chosen configuration's t(q), q = 1..γ+1
     fixed: bool  # the user fixed the dtype (only its profile was measured)
-    seconds: float  # how long the measurement took
+    seconds: float  # how long the measurement took, compilation included
     machine: Machine
-    # with a Speculation: dtype → {"draft_length": k*, "tokens_per_second": its expected rate at one
-    # request, "plain_tokens_per_second": 1 / t(1), "overhead_seconds": a drafted round's overhead}
+    # with a Speculation: configuration → {"draft_length": k*, "tokens_per_second": its expected
+    # rate at one request, "plain_tokens_per_second": 1 / t(1), "overhead_seconds": a drafted
+    # round's overhead}
     speculative: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    path: str = "eager"
+    compile_seconds: float | None = None  # building the compiled step, when one was raced
+    notes: tuple[str, ...] = ()  # one sentence per candidate left out (a fallback, a failed compile)
+
+    @property
+    def label(self) -> str:
+        return label(self.dtype, self.path)
+
+    @property
+    def plain_label(self) -> str:
+        """The configuration of the fastest plain step (the plain-decoding baseline's)."""
+        return min(self.plain_step_seconds, key=self.plain_step_seconds.__getitem__)
 
     @property
     def plain_dtype(self) -> str:
-        """The dtype of the faster plain step (the plain-decoding baseline's)."""
-        return min(self.plain_step_seconds, key=self.plain_step_seconds.__getitem__)
+        return self.plain_label.split("/")[0]
+
+    @property
+    def plain_path(self) -> str:
+        return self.plain_label.split("/")[1]
 
     @property
     def reason(self) -> str:
         """One line: what was picked and why."""
         ms = ", ".join(f"{d} {s * 1e3:.1f} ms" for d, s in self.plain_step_seconds.items())
         if self.fixed:
-            how = "fixed by the user"
+            how = "dtype fixed by the user"
         elif len(self.speculative) > 1:
             rated = ", ".join(f"{d} {v['tokens_per_second']:.1f} tok/s at k = {int(v['draft_length'])}"
                               for d, v in self.speculative.items())
             how = (f"the faster speculative decode, expected at one request: {rated}; "
-                   f"plain decoding is faster in {self.plain_dtype}")
+                   f"plain decoding is fastest in {self.plain_label}")
         else:
-            how = "the faster plain step"
-        return (f"dtype {self.dtype} ({how}; plain step at a {self.context}-token context: {ms}; "
-                f"measured in {self.seconds:.1f} s on {self.machine.cores}-core {self.machine.cpu}, "
-                f"{self.machine.kind})")
+            how = "the fastest plain step"
+        built = f"; compiled in {self.compile_seconds:.0f} s" if self.compile_seconds is not None else ""
+        notes = "".join(f"; {n}" for n in self.notes)
+        return (f"target step {self.label} ({how}; plain step at a {self.context}-token context: {ms}; "
+                f"measured in {self.seconds:.1f} s{built} on {self.machine.cores}-core {self.machine.cpu}, "
+                f"{self.machine.kind}{notes})")
 
     def cost_model(self, model: str = "target") -> SPSTableCostModel:
         m = self.machine
         return profile_cost_model(self.profile, dtype=self.dtype, model=model,
-                                  device=f"{m.cores}-core {m.cpu} ({m.kind}, {m.threads} threads)")
+                                  device=f"{m.cores}-core {m.cpu} ({m.kind}, {m.threads} threads, {self.path})")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "context": self.context, "fixed_by_user": self.fixed,
-                "plain_step_seconds": self.plain_step_seconds, "plain_dtype": self.plain_dtype,
-                "speculative": self.speculative,
+        return {"dtype": self.dtype, "path": self.path, "context": self.context, "fixed_by_user": self.fixed,
+                "plain_step_seconds": self.plain_step_seconds, "plain": self.plain_label,
+                "speculative": self.speculative, "compile_seconds": self.compile_seconds,
                 "profile_step_seconds": {str(q): s for q, s in self.profile.items()},
-                "measure_seconds": self.seconds, "reason": self.reason, "machine": self.machine.to_dict()}
+                "measure_seconds": self.seconds, "notes": list(self.notes), "reason": self.reason,
+                "machine": self.machine.to_dict()}
 
 
 @frozen
@@ -201,21 +228,27 @@ def choose_dtype(
     gamma: int,
     dtype: str = "auto",
     candidates: Sequence[str] = ("float32", "bfloat16"),
+    paths: Sequence[str] = ("eager", "packed", "compiled"),
     repeats: int = 5,
     make_target: Any = None,
     speculation: Speculation | None = None,
 ) -> tuple[DtypeChoice, Any]:
-    """Pick the target's dtype by measurement (module docstring) → (choice, target in that dtype).
+    """Pick the target's dtype and step path by measurement (module docstring) → (choice, target).
 
     ``model`` is an HF causal LM in any dtype; the other candidates are cast copies of it.
-    ``dtype="auto"`` measures every candidate; a dtype name fixes it and measures only its profile.
-    ``make_target(model, tokenizer)`` wraps a model (default :class:`dspark.targets.HFTarget`).
-    ``speculation``: each measured dtype is rated by its expected speculative tokens per second at
-    one request (``choice.speculative``), and under "auto" the candidates race on that instead of
-    the plain step; ``choice.plain_dtype`` still names the faster plain one.
+    ``dtype="auto"`` races every dtype in ``candidates``; a dtype name fixes it. Each dtype is
+    timed on every path of ``paths`` but ``"compiled"``; compiling costs minutes, so only the
+    winner's dtype is then compiled and timed (:mod:`dspark.fast`). ``make_target(model,
+    tokenizer, path)`` wraps a model (default :func:`dspark.fast.build_target`; a path it falls
+    back from is left out of the race, with its sentence in ``choice.notes``).
+    ``speculation``: each configuration is rated by its expected speculative tokens per second
+    at one request (``choice.speculative``), and the race is on that instead of the plain step;
+    ``choice.plain_label`` still names the fastest plain one.
     """
     if make_target is None:
-        from dspark.targets import HFTarget as make_target
+        from dspark.fast import build_target as make_target
+    from dspark.fast import PATHS
+
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
     if not isinstance(gamma, int) or gamma < 0:
@@ -224,31 +257,59 @@ def choose_dtype(
     unknown = [n for n in names if n not in DTYPES]
     if unknown:
         raise ValueError(f"unknown dtype candidates {unknown}; choose from {sorted(DTYPES)}")
+    bad = [p for p in paths if p not in PATHS] or ([] if paths else ["(none)"])
+    if bad:
+        raise ValueError(f"unknown step paths {bad}; choose from {', '.join(PATHS)}")
+    if speculation is not None and len(speculation.survival) > gamma:
+        raise ValueError(f"the survival has {len(speculation.survival)} positions, more than gamma = {gamma}")
     t0 = time.perf_counter()
     own = next(model.parameters()).dtype
+    models = {n: model if DTYPES[n] == own else copy.deepcopy(model).to(DTYPES[n]) for n in names}
     steps: dict[str, float] = {}
     profiles: dict[str, dict[int, float]] = {}
     targets: dict[str, Any] = {}
-    for name in names:
-        m = model if DTYPES[name] == own else copy.deepcopy(model).to(DTYPES[name])
-        targets[name] = make_target(m, tokenizer)
-        # t(1) for the choice; the whole profile only where it may be kept (every candidate under
-        # "auto": measuring the rest costs ~γ more steps, far less than a second reload).
-        profiles[name] = measure_profile(targets[name], context, range(1, gamma + 2), repeats)
-        steps[name] = profiles[name][1]
-    best = min(steps, key=steps.__getitem__)
     rated: dict[str, dict[str, float]] = {}
-    if speculation is not None:  # every measured dtype rated; a race only under "auto"
-        if len(speculation.survival) > gamma:
-            raise ValueError(f"the survival has {len(speculation.survival)} positions, more than gamma = {gamma}")
-        for name in names:
-            cost = profile_cost_model(profiles[name], dtype=name, model="target", device="cpu")
-            extra = float(speculation.overhead(targets[name], cost))
+    notes: list[str] = []
+
+    built: dict[str, float] = {}
+
+    def race(name: str, path: str) -> None:
+        t1 = time.perf_counter()
+        target = make_target(models[name], tokenizer, path=path)
+        built[path] = time.perf_counter() - t1
+        got = getattr(target, "path", path)
+        if got != path:
+            notes.append(f"{label(name, path)} fell back to {got}")
+            return
+        key = label(name, path)
+        targets[key] = target
+        # the whole profile t(1..γ+1): measuring it costs ~γ more steps, far less than a second build
+        profiles[key] = measure_profile(target, context, range(1, gamma + 2), repeats)
+        steps[key] = profiles[key][1]
+        if speculation is not None:
+            cost = profile_cost_model(profiles[key], dtype=name, model="target", device="cpu")
+            extra = float(speculation.overhead(target, cost))
             k, rate = best_fixed_length(speculation.survival, cost, 1, draft_seconds=extra)
-            rated[name] = {"draft_length": k, "tokens_per_second": rate,
-                           "plain_tokens_per_second": 1.0 / profiles[name][1], "overhead_seconds": extra}
-        if dtype == "auto":
-            best = max(rated, key=lambda n: rated[n]["tokens_per_second"])
-    choice = DtypeChoice(best, context, steps, profiles[best], dtype != "auto", time.perf_counter() - t0,
-                         Machine.current(), rated)
-    return choice, targets[best]
+            rated[key] = {"draft_length": k, "tokens_per_second": rate,
+                          "plain_tokens_per_second": 1.0 / profiles[key][1], "overhead_seconds": extra}
+
+    def best() -> str:
+        if speculation is not None:
+            return max(rated, key=lambda n: rated[n]["tokens_per_second"])
+        return min(steps, key=steps.__getitem__)
+
+    for name in names:
+        for path in paths:
+            if path != "compiled":
+                race(name, path)
+    compile_seconds = None
+    if "compiled" in paths:
+        race(best().split("/")[0] if targets else names[0], "compiled")
+        compile_seconds = built["compiled"]
+    if not targets:
+        raise RuntimeError("no step path could run here: " + "; ".join(notes))
+    chosen = best()
+    choice = DtypeChoice(chosen.split("/")[0], context, steps, profiles[chosen], dtype != "auto",
+                         time.perf_counter() - t0, Machine.current(), rated, chosen.split("/")[1],
+                         compile_seconds, tuple(notes))
+    return choice, targets[chosen]

@@ -21,6 +21,21 @@ from dspark import __version__
 from dspark.checkpoints import DEFAULT_DRAFTER
 
 DEVICE_HELP = "where the target and drafter run: cpu, cuda, cuda:N or auto (CUDA when torch sees one)"
+_STEP_PATHS = ("eager", "packed", "compiled")  # dspark.options.STEP_PATHS, without importing torch here
+
+
+def _path_args(p: argparse.ArgumentParser, *, race: bool) -> None:
+    """``--step`` (and, where the step path is raced at start-up, ``--compile / --no-compile``)."""
+    what = ("how the target step runs: eager (the HF forward), packed (dspark's step with prepacked "
+            "weights), compiled (that step through torch.compile)")
+    if race:
+        p.add_argument("--step", default="auto", choices=["auto", *_STEP_PATHS],
+                       help=what + "; 'auto': raced at start-up together with the dtype")
+        p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                       help="let the 'auto' race try torch.compile (minutes on a CPU the first time; "
+                       "inductor caches the graphs on disk)")
+    else:
+        p.add_argument("--step", default="packed", choices=_STEP_PATHS, help=what)
 
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -92,6 +107,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=4000, help="draws for the sampling check")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="target dtype for the speed run ('auto': the faster plain step, measured at start-up)")
+    _path_args(p, race=True)
     p.add_argument("--gate", action=argparse.BooleanOptionalAction, default=True,
                    help="the draft gate: stop drafting where the measured rates say it does not pay")
     p.add_argument("--scheduler", default="sps-greedy",
@@ -132,6 +148,7 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="target dtype ('auto': the faster plain step, measured at start-up)")
+    _path_args(p, race=True)
     p.add_argument("--drafter", default="ngram", help="drafter name (ngram, dspark, dflash, eagle3, plugins) or 'none'")
     p.add_argument("--checkpoint", help="drafter checkpoint folder (neural drafters; FOLDER:vocab=K cuts it to "
                    "its K most frequent tokens)")
@@ -163,6 +180,7 @@ def _generate(args: argparse.Namespace) -> int:
     from dspark.drafters.config import MAX_GAMMA
     from dspark.engine import Engine, encode_prompt
     from dspark.models import load_causal_lm
+    from dspark.options import race_paths
     from dspark.plugins import lookup
 
     params = dspark.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -188,7 +206,8 @@ def _generate(args: argparse.Namespace) -> int:
     longest = max(encode_prompt(tok, p).numel() for p in args.prompts)
     measured_cost = args.cost_model == "sps-table" and not args.profile
     choice, target = choose_dtype(model, tok, context=longest + args.max_new_tokens // 2,
-                                  gamma=gamma if measured_cost else 0, dtype=args.dtype)
+                                  gamma=gamma if measured_cost else 0, dtype=args.dtype,
+                                  paths=race_paths(args.step, args.compile))
     del model
     print(choice.reason, file=sys.stderr)
     if args.drafter == "none":
@@ -226,7 +245,7 @@ def _generate(args: argparse.Namespace) -> int:
     total = sum(len(c.output_ids) for c in done)
     gate = engine.draft_gate
     skipped = f", the draft gate skipped the drafter in {gate.skipped_rounds} of {engine.rounds} rounds" if gate else ""
-    print(f"{total} tokens in {seconds:.1f} s ({total / seconds:.1f} tok/s, {choice.dtype}{skipped})", file=sys.stderr)
+    print(f"{total} tokens in {seconds:.1f} s ({total / seconds:.1f} tok/s, {choice.label}{skipped})", file=sys.stderr)
     return 0
 
 
@@ -445,6 +464,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="out/profile.json", help="profile JSON for --profile / sps-table")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    _path_args(p, race=False)
     p.add_argument("--requests", type=_ints, default=[1, 2, 4, 8, 16], help="R values, e.g. 1,2,4,8,16")
     p.add_argument("--widths", type=_ints, default=[1, 2, 4, 8], help="1+ℓ values (tokens per request)")
     p.add_argument("--contexts", type=_ints, default=[128, 512],
@@ -468,7 +488,7 @@ def _profile(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.model, getattr(torch, args.dtype), device=args.device)
+    target = load_target(args.model, getattr(torch, args.dtype), device=args.device, path=args.step)
     times = time_shapes(target, args.requests, args.widths, args.contexts, args.repeats, args.seed,
                         progress=not args.quiet)
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
@@ -478,7 +498,7 @@ def _profile(args: argparse.Namespace) -> int:
     profile.to_json(out)
     save_shapes(times, out.with_suffix(".shapes.json"))
     for ctx in args.contexts:
-        print(f"\nverification step (ms), {args.dtype}, {ctx}-token context, {device_name(target)}, "
+        print(f"\nverification step (ms), {args.dtype}, {target.path} step, {ctx}-token context, {device_name(target)}, "
               f"{torch.get_num_threads()} threads:")
         print("| R \\ 1+ℓ | " + " | ".join(str(w) for w in args.widths) + " |")
         print("|---|" + "---|" * len(args.widths))
@@ -503,6 +523,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="out/bench", help="folder: bench.json, bench.md, bench.png, profile.json, runs/")
     p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    _path_args(p, race=False)
     p.add_argument("--drafter", default=DEFAULT_DRAFTER,
                    help="shipped drafter name, checkpoint folder or LABEL=CHECKPOINT (its calibration.json is used)"
                    " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")

@@ -43,12 +43,14 @@ from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.gating import GatePrior
 from dspark.models import load_causal_lm
 from dspark.options import (
+    STEP_PATHS,
     NamespaceOptions,
     at_least,
     existing_device,
     one_of,
     optional_path,
     path,
+    race_paths,
     resolve_options,
 )
 from dspark.profiling import device_name
@@ -70,6 +72,8 @@ class DemoOptions(NamespaceOptions):
     repeats: int = field(default=3, validator=at_least(1))
     samples: int = field(default=4000, validator=at_least(1))
     dtype: str = field(default="auto", validator=one_of("auto", "float32", "bfloat16"))
+    step: str = field(default="auto", validator=one_of("auto", *STEP_PATHS))
+    compile: bool = True
     gate: bool = True
     scheduler: str = field(default="sps-greedy", validator=lambda _i, _a, v: _scheduler(v))  # NAME[:KEY=VALUE,...]
     out: str = field(default="out/demo", converter=path)
@@ -149,16 +153,16 @@ def _load_drafter(ref, target) -> Any:
     return from_pretrained(ref[0], target, draft_vocab=ref[1])
 
 
-def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None):
-    """An engine on a fresh HFTarget around ``model`` (plain decoding when ``ref`` is None, else
-    the drafter (folder, draft vocabulary) ``ref``;
-    the engines must not share a target: each keeps its own per-request caches); ``prior``: the
-    draft gate's :class:`~dspark.gating.GatePrior`."""
+def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None, step="packed"):
+    """An engine on a fresh target around ``model`` whose step runs on ``step`` (plain decoding
+    when ``ref`` is None, else the drafter (folder, draft vocabulary) ``ref``; the engines must not
+    share a target: each keeps its own per-request caches; targets on one model share its packed
+    or compiled step); ``prior``: the draft gate's :class:`~dspark.gating.GatePrior`."""
     from dspark.engine import Engine
+    from dspark.fast import build_target
     from dspark.gating import DraftGate
-    from dspark.targets import HFTarget
 
-    target = HFTarget(model, tok)
+    target = build_target(model, tok, path=step)
     drafter = _load_drafter(ref, target) if ref is not None else None
     return Engine(target, drafter, scheduler=scheduler, cost_model=cost, calibrator=calibrator or "identity",
                   draft_gate=DraftGate(prior=prior) if gate and drafter is not None else None)
@@ -255,6 +259,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     ids = [encode_prompt(tok, prompt_request(p)) for p in prompts]
     context = round(statistics.mean(x.numel() for x in ids)) + opts.max_new_tokens // 2
     choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=opts.dtype,
+                                  paths=race_paths(opts.step, opts.compile),
                                   speculation=_speculation(ref, calibrator, survival, ids[:2]))
     # plain decoding in its own faster dtype: the baseline is the best plain decode on this machine
     plain_model = (target.model if choice.plain_dtype == choice.dtype
@@ -263,14 +268,14 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     model = target.model
     print(choice.reason, flush=True)
     cost = choice.cost_model(opts.model)
-    print(f"{choice.dtype} verification step time by tokens verified: "
+    print(f"{choice.label} verification step time by tokens verified: "
           + ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in choice.profile.items()), flush=True)
-    plain_engine = _engine(plain_model, tok, None, None, cost)
+    plain_engine = _engine(plain_model, tok, None, None, cost, step=choice.plain_path)
     # the gate starts from what the start-up measured (as dspark bench's --gate-prior): the identity
     # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
-    prior = GatePrior(survival, {1: choice.speculative[choice.dtype]["overhead_seconds"]})
+    prior = GatePrior(survival, {1: choice.speculative[choice.label]["overhead_seconds"]})
     spec_engine = _engine(model, tok, ref, calibrator, cost, scheduler=_scheduler(opts.scheduler), gate=opts.gate,
-                          prior=prior)
+                          prior=prior, step=choice.path)
     # HF generate in both dtypes when they differ (the start-up race is a few steps: noisy)
     hf_models = {"hf_generate": plain_model}
     if plain_model is not model:
@@ -319,7 +324,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         "identity_verified_drafts": sum(r["verified_drafts"] for r in identity),
         "identity_accepted_drafts": sum(r["accepted_drafts"] for r in identity),
         "sampling_check": check, "dtype_choice": choice.to_dict(),
-        "speed": {"dtype": choice.dtype, "prompts": len(ids), "prompt_file": Path(prompt_file).name,
+        "speed": {"dtype": choice.dtype, "step": choice.path, "plain_step": choice.plain_path, "prompts": len(ids), "prompt_file": Path(prompt_file).name,
                   "repeats": opts.repeats,
                   "draft_gate": gate is not None, "scheduler": opts.scheduler, "seconds_per_repeat": totals,
                   "gate_rounds": {"rounds": spec_engine.rounds,

@@ -19,10 +19,24 @@ import attrs
 
 __all__ = [
     "NamespaceOptions", "at_least", "existing_device", "floats", "ints", "one_of", "optional_ints", "optional_path", "path",
-    "resolve_options", "strings", "unit_interval",
+    "resolve_options", "strings", "unit_interval", "STEP_PATHS", "race_paths",
 ]
 
 T = TypeVar("T")
+
+# How the target step runs (dspark.fast): the HF forward, dspark's step with prepacked weights, or
+# that step through torch.compile. "auto" races them at start-up (dspark.autotune.choose_dtype).
+STEP_PATHS = ("eager", "packed", "compiled")
+
+
+def race_paths(step: str, compile: bool = True) -> tuple[str, ...]:
+    """The step paths a start-up race times: every path for ``"auto"`` (``compiled`` only with
+    ``compile``), else the one path given."""
+    if step == "auto":
+        return STEP_PATHS if compile else STEP_PATHS[:2]
+    if step not in STEP_PATHS:
+        raise ValueError(f"step must be auto or one of {', '.join(STEP_PATHS)}, got {step!r}")
+    return (step,)
 
 
 def _number(v: Any) -> bool:

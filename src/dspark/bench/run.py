@@ -17,6 +17,7 @@ from attrs import field, frozen, validators
 
 from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.options import (
+    STEP_PATHS,
     NamespaceOptions,
     at_least,
     existing_device,
@@ -57,6 +58,7 @@ class BenchOptions(NamespaceOptions):
     out: str = field(default="out/bench", converter=path)
     model: str = field(default="smollm2-135m", converter=path)
     dtype: str = field(default="bfloat16", validator=one_of("float32", "bfloat16"))
+    step: str = field(default="packed", validator=one_of(*STEP_PATHS))
     drafter: str = field(default=DEFAULT_DRAFTER, converter=path)
     calibration: str | None = field(default=None, converter=optional_path)
     prompts: str | None = field(default=None, converter=optional_path)
@@ -286,7 +288,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     _check_lossless(specs)  # an unknown or lossy scheduler fails before the model loads
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    target = load_target(opts.model, getattr(torch, opts.dtype), device=opts.device)
+    target = load_target(opts.model, getattr(torch, opts.dtype), device=opts.device, path=opts.step)
     label, drafter, calibrator = load_drafter_spec(opts.drafter, target)
     if opts.calibration:
         from dspark.calibration import load_calibrator
@@ -393,7 +395,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     rows = aggregate(summaries)
     title = f"{opts.model} ({opts.dtype}), drafter {label}, " + (
         f"simulated: {sim_desc}" if opts.mode == "simulate" else device_name(target))
-    meta = {"model": opts.model, "dtype": opts.dtype, "device": device_name(target), "threads": torch.get_num_threads(),
+    meta = {"model": opts.model, "dtype": opts.dtype, "path": target.path, "device": device_name(target), "threads": torch.get_num_threads(),
             "drafter": label, "gamma": gamma, "calibrated": calibrator is not None, "arrival": opts.arrival,
             "rate": opts.rate, "max_new_tokens": opts.max_new_tokens, "temperature": opts.temperature,
             "repeats": opts.repeats, "prompts": len(ids), "concurrency": opts.concurrency,

@@ -1,0 +1,156 @@
+""":class:`FastTarget`: :class:`~dspark.hf_target.HFTarget`'s requests and caches, stepped by
+:class:`~dspark.fast.llama.LlamaStep` instead of the HF forward.
+
+The request bookkeeping (per-request KV tensors, rollback, release, capture ids) is HFTarget's;
+only the batched forward differs:
+
+* the past is read in place (R = 1: a view of the request's own KV tensor) or gathered
+  left-aligned into the reused scratch buffer (R > 1) with a validity mask [R, T] instead of
+  HF's left padding, and the new tokens' K/V come back from the step to be stored;
+* linear weights are prepacked for the CPU's matmul library (``pack``), or the step runs through
+  ``torch.compile`` (``compiled``: inductor with weight freezing on a CPU, CUDA graphs on a GPU),
+  with the past length T rounded up to a multiple of ``bucket`` so a few shapes cover every
+  context.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from dspark.fast.compile import CompileUnavailable
+from dspark.fast.llama import LlamaStep, supports
+from dspark.options import STEP_PATHS
+from dspark.hf_target import HFTarget, _Request
+
+__all__ = ["FastTarget", "PATHS", "build_target"]
+
+log = logging.getLogger(__name__)
+
+PATHS = STEP_PATHS  # eager = HFTarget's own HF forward
+
+# model → {path: (step, callable)}: every target around one model shares its packed weights and
+# its compiled graphs (the demo and the bench build several engines on one model).
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _shared_step(model: Any, path: str, device: torch.device) -> tuple[LlamaStep, Any]:
+    per_model = _STEPS.setdefault(model, {})
+    if path not in per_model:
+        step = LlamaStep(model, pack=path == "packed")
+        run = step
+        if path == "compiled":
+            from dspark.fast.compile import compile_step
+
+            run = compile_step(step, device, _example(step, device))
+        per_model[path] = (step, run)
+    return per_model[path]
+
+
+def _example(step: LlamaStep, device: torch.device) -> tuple:
+    """A verification of one token after a two-token past: the arguments of the first call."""
+    past = torch.zeros(len(step.layers), 2, 1, step.kv_heads, 2, step.head_dim, dtype=step.embed.dtype,
+                       device=device)
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+    return ids, ids + 2, past, torch.ones(1, 2, dtype=torch.bool, device=device), _every(step), True
+
+
+def _every(step: LlamaStep) -> tuple[int, ...]:
+    return tuple(range(len(step.layers)))
+
+
+def build_target(model: Any, tokenizer: Any = None, capture_layers: Iterable[int] = (), *,
+                 path: str = "packed") -> HFTarget:
+    """A target for ``model`` on ``path`` (:data:`PATHS`), falling back with one logged sentence:
+    ``compiled`` → ``packed`` where ``torch.compile`` cannot run here, and ``packed`` / ``compiled``
+    → ``eager`` (the HF forward) for a model the fast step does not cover. ``target.path`` says
+    which path runs."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+    if path != "eager":
+        try:
+            return FastTarget(model, tokenizer, capture_layers, path=path)
+        except CompileUnavailable as err:
+            log.warning("%s; running the packed eager step instead", err)
+            return build_target(model, tokenizer, capture_layers, path="packed")
+        except NotImplementedError as err:
+            log.warning("%s; running the HF forward (eager) instead", err)
+    return HFTarget(model, tokenizer, capture_layers)
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+class FastTarget(HFTarget):
+    """An :class:`HFTarget` whose forward is :class:`LlamaStep` (module docstring).
+
+    ``path``: ``"packed"`` (eager, prepacked weights) or ``"compiled"`` (``torch.compile``).
+    Raises NotImplementedError with one sentence for a model the step does not cover.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any = None, capture_layers: Iterable[int] = (), *,
+                 path: str = "packed", bucket: int = 64) -> None:
+        if path not in ("packed", "compiled"):
+            raise ValueError(f"path must be 'packed' or 'compiled', got {path!r}")
+        reason = supports(model)
+        if reason is not None:
+            raise NotImplementedError(reason)
+        super().__init__(model, tokenizer, capture_layers)
+        self.path = path
+        self.bucket = bucket if path == "compiled" else 1
+        self._step, self._run = _shared_step(model, path, self._device)
+
+    def _new_store(self, capacity: int) -> _Request:
+        store = super()._new_store(_round_up(capacity, self.bucket))
+        store.kv.zero_()  # never-written slots are masked, but 0 · NaN in attn @ V is still NaN
+        return store
+
+    def _forward(
+        self, reqs: list[_Request], tokens: torch.Tensor, q_lens: torch.Tensor, want_logits: bool = True
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        R, q = tokens.shape
+        dev = self._device
+        past_len = torch.tensor([req.length for req in reqs], dtype=torch.long)  # [R]
+        T = _round_up(int(past_len.max()), self.bucket)
+        if R == 1:
+            req = reqs[0]
+            req.reserve(max(T, req.length + q), self.max_context)
+            past = req.kv[:, :, :, :T].unsqueeze(2)  # [L, 2, 1, H_kv, T, d], read in place
+        else:
+            shape = (self.num_layers, 2, R, self._kv_heads, T, self._head_dim)
+            past = self._scratch_view(shape)  # [L, 2, R, H_kv, T, d]
+            for r, req in enumerate(reqs):
+                past[:, :, r, :, : req.length].copy_(req.kv[:, :, :, : req.length])
+                past[:, :, r, :, req.length :].zero_()
+        valid = (torch.arange(T)[None, :] < past_len[:, None]).to(dev)  # [R, T]
+        position_ids = (past_len[:, None] + torch.arange(q)[None, :]).to(dev)  # [R, q]
+        capture = tuple(self.capture_layers)
+        run, asked = self._run, capture
+        if T == 0:  # a prefill: long prompts once per request, not worth a compiled graph per shape
+            run = self._step
+        elif run is not self._step:
+            # the graph returns every layer's output, whatever this round captures: one graph for
+            # every capture set (an engine switches capture off in skipped rounds), and the
+            # states exist in the forward anyway
+            asked = _every(self._step)
+        logits, captured, new_kv = run(tokens.to(dev), position_ids, past, valid, asked, want_logits)
+        captured = [captured[asked.index(k)] for k in capture]
+        for r, (req, n) in enumerate(zip(reqs, q_lens.tolist())):  # new_kv [L, 2, R, H_kv, q, d]
+            req.reserve(req.length + n, self.max_context)
+            req.kv[:, :, :, req.length : req.length + n].copy_(new_kv[:, :, r, :, :n])
+            req.length += n
+        if not want_logits:
+            logits = torch.zeros(R, 0, self.vocab_size, dtype=self._kv_dtype, device=dev)
+        hidden = dict(zip(capture, captured))  # {k: [R, q, D]}
+        pad = torch.arange(q)[None, :] >= q_lens[:, None]  # [R, q]
+        if bool(pad.any()):
+            pad = pad.to(dev)[..., None]
+            if want_logits:
+                logits = logits.masked_fill(pad, 0.0)
+            hidden = {k: h.masked_fill(pad, 0.0) for k, h in hidden.items()}
+        return logits, hidden

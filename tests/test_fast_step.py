@@ -1,0 +1,226 @@
+"""The fast target step (dspark.fast): the packed and compiled paths against the HF forward.
+
+* :class:`FastTarget` through a stream of joins, drafts, rollbacks and leaves equals
+  :class:`HFTarget` (logits and captured features), for Llama and Qwen3;
+* the engine on each path is greedy-identical to the model's own decode, and samples the target's
+  law (χ²), for drafters × schedulers;
+* bf16 with prepacked weights equals bf16 without them;
+* the fallbacks: a model the step does not cover runs the HF forward, a compile that cannot run
+  here runs the packed step — each said in one logged sentence.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import dspark
+from dspark.engine import Engine
+from dspark.fast import FastTarget, build_target
+from dspark.fast import target as fast_target
+from dspark.fast.compile import CompileUnavailable
+from dspark.targets import HFTarget
+from dspark.types import SamplingParams
+from helpers import (
+    TickClock,
+    assert_same_distribution,
+    exact_two_token_probs,
+    greedy_decode,
+    record_rounds,
+    run_with_late_join,
+    sequence_counts,
+    tiny_causal_lm,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+V = 16
+
+
+def _tiny(arch: str, vocab: int = V, **kw):
+    return tiny_causal_lm(arch, vocab_size=vocab, max_positions=96, num_layers=3, init_range=0.3,
+                          head_dim=8 if arch == "qwen3" else None, **kw)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def model(request):
+    return _tiny(request.param)
+
+
+def _same(a, b, capture, atol=1e-4):
+    torch.testing.assert_close(a.logits, b.logits, atol=atol, rtol=atol)
+    assert a.lengths.tolist() == b.lengths.tolist()
+    for k in capture:
+        torch.testing.assert_close(a.hidden_states[k], b.hidden_states[k], atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("path", ["packed", "compiled"])
+def test_fast_target_equals_hf_target_through_a_stream(model, path):
+    """Prefill of lengths 1, 5, 30; verify with ℓ ∈ 0..4, random rollbacks, a join and a leave;
+    one request alone at the end (the in-place R = 1 path)."""
+    capture = (0, 2)
+    ref, fast = HFTarget(model, capture_layers=capture), FastTarget(model, capture_layers=capture, path=path)
+    assert fast.path == path and ref.path == "eager"
+    g = torch.Generator().manual_seed(3)
+    live: list[str] = []
+
+    def join(lengths: dict[str, int]) -> None:
+        prompts = [torch.randint(V, (n,), generator=g) for n in lengths.values()]
+        _same(fast.prefill(list(lengths), prompts), ref.prefill(list(lengths), prompts), capture)
+        live.extend(lengths)
+
+    join({"a": 1, "b": 5, "c": 30})
+    for rnd in range(6):
+        if rnd == 2:
+            join({"d": 17})
+        if rnd == 4:
+            fast.release("b")
+            ref.release("b")
+            live.remove("b")
+        ells = torch.tensor([(i + rnd) % 5 for i in range(len(live))])
+        tokens = torch.randint(V, (len(live), 5), generator=g)
+        _same(fast.verify(live, tokens, ells), ref.verify(live, tokens, ells), capture)
+        keep = torch.tensor([ref.cached_length(r) - int(torch.randint(int(e) + 1, (1,), generator=g))
+                             for r, e in zip(live, ells)])
+        fast.rollback(live, keep)
+        ref.rollback(live, keep)
+        assert [fast.cached_length(r) for r in live] == keep.tolist()
+    for ells in ([2], [0], [4]):
+        tokens = torch.randint(V, (1, 5), generator=g)
+        _same(fast.verify(["c"], tokens, torch.tensor(ells)), ref.verify(["c"], tokens, torch.tensor(ells)), capture)
+    fast.set_capture_layers(())  # the engine switches capture off in skipped rounds
+    ref.set_capture_layers(())
+    tokens = torch.randint(V, (1, 3), generator=g)
+    out = fast.verify(["c"], tokens, torch.tensor([2]))
+    assert out.hidden_states is None
+    torch.testing.assert_close(out.logits, ref.verify(["c"], tokens, torch.tensor([2])).logits, atol=1e-4, rtol=1e-4)
+    lean = fast.prefill(["e"], [torch.arange(6)], logits=False)
+    assert lean.logits.shape == (1, 0, V)
+
+
+FLAT = dspark.get_cost_model("sps-table", profile={
+    "device": "test", "model": "tiny", "dtype": "float32", "date": "2026-11-30", "accounting": "packed",
+    "points": [{"batch_size": 1, "step_seconds": 1e-4}, {"batch_size": 65536, "step_seconds": 1.01e-4}]})
+
+
+def _drafter(target, name: str):
+    torch.manual_seed(1)
+    if name == "ngram":
+        return dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=4)
+    kind, _, head = name.partition(":")
+    cfg = {"gamma": 4, "num_layers": 2} if kind != "eagle3" else {"gamma": 4}
+    if head:
+        cfg.update(head=head, rank=8)
+    d = dspark.get_drafter(kind, target=target, **cfg)
+    for p in d.parameters():
+        if p.ndim > 1:
+            torch.nn.init.normal_(p, std=0.2)
+    return d
+
+
+PROMPTS = [[3, 5, 7, 3, 5, 7, 3, 5], [1], [2, 9, 4, 4, 11, 2, 9, 4, 4, 11, 2, 9, 13, 6, 1, 2, 9, 4]]
+
+
+@pytest.mark.parametrize("path", ["packed", "compiled"])
+@pytest.mark.parametrize("dname,sched", [("ngram", "full"), ("dspark:gated-markov", "sps-greedy"),
+                                         ("dflash", "fixed"), ("eagle3", "sps-greedy")])
+def test_engine_on_the_fast_path_is_greedy_identical(model, path, dname, sched):
+    target = FastTarget(model, path=path)
+    engine = Engine(target, _drafter(target, dname), scheduler=dspark.get_scheduler(sched), cost_model=FLAT,
+                    clock=TickClock())
+    infos = record_rounds(engine)
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    rids, done = run_with_late_join(engine, prompts, 20)
+    for rid, p in zip(rids, prompts):
+        assert done[rid].output_ids == greedy_decode(model, p, 20), f"{path}/{dname}/{sched}: {rid} diverged"
+    assert any(i.drafted and sum(i.lengths) > 0 for i in infos), "no draft was verified"
+    assert list(target.request_ids) == []
+
+
+@pytest.mark.parametrize("path", ["packed", "compiled"])
+@pytest.mark.parametrize("dname,pname", [("dspark:gated-markov", "T1"), ("eagle3", "T1.3-topk8")])
+def test_sampling_on_the_fast_path_matches_the_target(path, dname, pname):
+    """Joint law of the first two sampled tokens = plain target sampling (χ², fixed seeds)."""
+    params = {"T1": SamplingParams(temperature=1.0),
+              "T1.3-topk8": SamplingParams(temperature=1.3, top_k=8)}[pname]
+    model = _tiny("llama")
+    target = FastTarget(model, path=path)
+    engine = Engine(target, _drafter(target, dname), scheduler=dspark.get_scheduler("sps-greedy"),
+                    cost_model=FLAT, seed=11, clock=TickClock())
+    prompt = torch.tensor([7, 13, 11, 7, 13, 11, 7, 13])
+    out = engine.generate([prompt] * 1500, params, max_new_tokens=3, progress=False)
+    tokens = torch.tensor([c.output_ids[:2] for c in out])
+    assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
+                             f"{path}/{dname}/{pname}", exact_support=False)
+    assert sum(c.metrics["accepted"] for c in out) > 0
+
+
+def test_packed_bf16_equals_unpacked_bf16():
+    model = _tiny("llama", vocab=64, hidden_size=64, intermediate_size=128).to(torch.bfloat16)
+    packed = FastTarget(model, path="packed")
+    if all(layer.qkv.packed is None for layer in packed._step.layers):
+        pytest.skip("oneDNN cannot pack bf16 weights on this build of torch")
+    plain = FastTarget(_tiny("llama", vocab=64, hidden_size=64, intermediate_size=128).to(torch.bfloat16),
+                       path="packed")
+    for layer in [*plain._step.layers, plain._step.lm_head]:  # the same weights, unpacked
+        for lin in ([layer] if layer is plain._step.lm_head else [layer.qkv, layer.o, layer.gate_up, layer.down]):
+            lin.packed = None
+    prompt = torch.arange(20) % 64
+    a = packed.prefill(["a"], [prompt])
+    b = plain.prefill(["a"], [prompt])
+    torch.testing.assert_close(a.logits.float(), b.logits.float(), atol=0.05, rtol=0.05)
+    tokens = torch.tensor([[3, 4, 5, 6]])
+    a = packed.verify(["a"], tokens, torch.tensor([3]))
+    b = plain.verify(["a"], tokens, torch.tensor([3]))
+    torch.testing.assert_close(a.logits.float(), b.logits.float(), atol=0.05, rtol=0.05)
+
+
+def test_unsupported_model_falls_back_to_the_hf_forward_in_one_sentence(caplog):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=16, n_layer=2, n_head=2, n_positions=64,
+                                          bos_token_id=0, eos_token_id=0)).eval()
+    with pytest.raises(NotImplementedError, match="fast step covers .* not 'gpt2'"):
+        FastTarget(gpt2)
+    with caplog.at_level(logging.WARNING, logger="dspark.fast.target"):
+        target = build_target(gpt2, path="compiled")
+    assert type(target) is HFTarget and target.path == "eager"
+    (record,) = [r for r in caplog.records if r.name == "dspark.fast.target"]
+    assert "not 'gpt2'" in record.getMessage() and "HF forward" in record.getMessage()
+
+
+def test_compile_unavailable_falls_back_to_the_packed_step(monkeypatch, caplog):
+    model = _tiny("llama")
+
+    def broken(step, device, example, **kw):
+        raise CompileUnavailable("torch.compile failed on cpu (CalledProcessError: no C++ compiler)")
+
+    monkeypatch.setattr("dspark.fast.compile.compile_step", broken)
+    monkeypatch.setattr(fast_target, "_STEPS", type(fast_target._STEPS)())
+    with caplog.at_level(logging.WARNING, logger="dspark.fast.target"):
+        target = build_target(model, path="compiled")
+    assert isinstance(target, FastTarget) and target.path == "packed"
+    (record,) = [r for r in caplog.records if r.name == "dspark.fast.target"]
+    assert "no C++ compiler" in record.getMessage() and "packed eager step" in record.getMessage()
+    out = target.prefill(["a"], [torch.tensor([1, 2, 3])])
+    torch.testing.assert_close(out.logits, HFTarget(model).prefill(["a"], [torch.tensor([1, 2, 3])]).logits,
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_a_compiler_that_fails_is_reported_as_unavailable(monkeypatch):
+    """The real compile_step turns an inductor failure at the first call into CompileUnavailable."""
+    from dspark.fast import compile as fast_compile
+    from dspark.fast.llama import LlamaStep
+
+    def fake_compile(fn, **kw):
+        def run(*a, **k):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx")
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    step, cpu = LlamaStep(_tiny("llama")), torch.device("cpu")
+    with pytest.raises(CompileUnavailable, match="RuntimeError: InvalidCxxCompiler"):
+        fast_compile.compile_step(step, cpu, fast_target._example(step, cpu))
