@@ -581,6 +581,9 @@ def test_profile_cli_writes_a_profile_the_sps_table_reads(tmp_path, capsys):
         (c, r, w) for c in (16, 40) for r in (1, 2) for w in (1, 3)}
     cost = dspark.get_cost_model("sps-table", profile=str(out))
     assert float(cost.step_seconds(torch.tensor([6]))[0]) > 0
+    floor = json.loads(out.with_suffix(".floor.json").read_text())
+    assert floor["step"] == "packed" and floor["traffic_floor"]["floor_seconds"] > 0
+    assert "memory-traffic floor" in capsys.readouterr().out
     assert main(["profile", "--model", str(tmp_path / "tiny"), "--contexts", "200", "--quiet",
                  "--out", str(out)]) == 2
     assert "exceeds the target's context window" in capsys.readouterr().err

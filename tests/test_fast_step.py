@@ -224,3 +224,16 @@ def test_a_compiler_that_fails_is_reported_as_unavailable(monkeypatch):
     step, cpu = LlamaStep(_tiny("llama")), torch.device("cpu")
     with pytest.raises(CompileUnavailable, match="RuntimeError: InvalidCxxCompiler"):
         fast_compile.compile_step(step, cpu, fast_target._example(step, cpu))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_step_weight_bytes_count_what_a_step_reads(tied):
+    """Every parameter once; an untied input embedding is not read (a step gathers a few rows)."""
+    from dspark.profiling import step_weight_bytes, traffic_floor
+
+    model = tiny_causal_lm("llama", vocab_size=64, tied=tied)
+    every = sum(p.numel() * 4 for p in model.parameters())  # parameters() lists a tied weight once
+    embed = 64 * 32 * 4
+    assert step_weight_bytes(model) == (every if tied else every - embed)
+    floor = traffic_floor(model, bandwidth=1e9)
+    assert floor["floor_seconds"] == pytest.approx(step_weight_bytes(model) / 1e9)

@@ -459,7 +459,9 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Measure the target's verification step time over the batch shapes the engine runs (R requests "
         "× 1+ℓ tokens, padded) and context lengths, and write the profile JSON the sps-table cost model "
-        "reads (records device, model, dtype, threads, date)."
+        "reads (records device, model, dtype, threads, date). Also reports the memory-traffic floor of a "
+        "step (the weights' bytes over the read bandwidth measured here) and, with --drafter, the draft "
+        "round's time beyond a plain round."
     )
     p.add_argument("--out", default="out/profile.json", help="profile JSON for --profile / sps-table")
     p.add_argument("--model", default="smollm2-135m")
@@ -474,6 +476,8 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drafter", help="also time this drafter's round (shipped name or checkpoint folder) at "
+                   "each R of --requests")
     p.add_argument("--quiet", action="store_true")
 
 
@@ -483,14 +487,19 @@ def _profile(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes
+    from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes, traffic_floor
     from dspark.targets import load_target
 
+    if args.drafter:
+        from dspark.checkpoints import resolve_checkpoint
+
+        resolve_checkpoint(args.drafter)  # a misspelled name or folder fails before the model load
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.model, getattr(torch, args.dtype), device=args.device, path=args.step)
     times = time_shapes(target, args.requests, args.widths, args.contexts, args.repeats, args.seed,
                         progress=not args.quiet)
+    floor = traffic_floor(target.model)
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
                                   repeats=args.repeats)
     out = Path(args.out)
@@ -504,8 +513,35 @@ def _profile(args: argparse.Namespace) -> int:
         print("|---|" + "---|" * len(args.widths))
         for R in args.requests:
             print(f"| {R} | " + " | ".join(f"{times[ctx, R, w] * 1e3:.1f}" for w in args.widths) + " |")
-    print(f"\nwrote {out} (sps-table profile) and {out.with_suffix('.shapes.json')}", file=sys.stderr)
+    ctx, R1 = args.contexts[0], min(args.requests)
+    t1 = times[ctx, R1, min(args.widths)]
+    print(f"\nmemory-traffic floor: {floor['floor_seconds'] * 1e3:.1f} ms a step ({floor['weight_bytes'] / 1e6:.0f} MB "
+          f"of weights at {floor['bandwidth_bytes_per_second'] / 1e9:.1f} GB/s read); the {R1}-request "
+          f"{min(args.widths)}-token step at a {ctx}-token context is {t1 / floor['floor_seconds']:.2f}× the floor")
+    report = {"step": target.path, "dtype": args.dtype, "traffic_floor": floor}
+    if args.drafter:
+        report["draft_round_seconds"] = _draft_rounds(target, args, profile)
+        for R, sec in report["draft_round_seconds"].items():
+            ref = times[ctx, R, max(args.widths)] if (ctx, R, max(args.widths)) in times else float("nan")
+            print(f"draft round beyond a plain round, R = {R}: {sec * 1e3:.1f} ms "
+                  f"({sec / ref:.0%} of the {max(args.widths)}-token verification step)")
+    out.with_suffix(".floor.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {out} (sps-table profile), {out.with_suffix('.shapes.json')} and "
+          f"{out.with_suffix('.floor.json')}", file=sys.stderr)
     return 0
+
+
+def _draft_rounds(target, args: argparse.Namespace, profile) -> dict[int, float]:
+    """{R: seconds a drafted round spends beyond a plain one} for ``--drafter`` on ``target``."""
+    import dspark
+    from dspark.bench.prior import measure_draft_overhead
+    from dspark.engine import encode_prompt
+    from dspark.evaluation_runs import load_drafter_spec
+
+    _, drafter, calibrator = load_drafter_spec(args.drafter, target)
+    ids = [encode_prompt(target.tokenizer, "Explain how a hash map handles collisions, with examples.")] * 2
+    cost = dspark.get_cost_model("sps-table", profile=profile)
+    return measure_draft_overhead(target, drafter, ids, args.requests, cost, calibrator, rounds=6)
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import torch
 from dspark.cost_models import SPSProfile
 
 __all__ = ["ProfileFitError", "additive_cost_fit", "cpu_name", "time_shapes", "profile_from_shapes",
-           "save_shapes", "load_shapes"]
+           "save_shapes", "load_shapes", "read_bandwidth", "step_weight_bytes", "traffic_floor"]
 
 
 class ProfileFitError(ValueError):
@@ -51,6 +51,48 @@ def device_name(target: Any) -> str:
     if getattr(dev, "type", "cpu") == "cuda":
         return torch.cuda.get_device_name(dev)
     return f"{os.cpu_count()}-core {cpu_name()}"
+
+
+def read_bandwidth(device: Any = "cpu", nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes per second one pass over a ``nbytes`` buffer reads (the best of ``repeats``; a sum,
+    so each byte is read once and nothing is written): the memory bandwidth a step's weights are
+    streamed at, with torch's threads."""
+    device = torch.device(device)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        x.sum()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+def step_weight_bytes(model: Any) -> int:
+    """Bytes of weights one decoder step reads: every parameter once, except an input embedding
+    that is not also the LM head (a step reads only its rows)."""
+    embed = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = head is not None and embed is not None and head.weight.data_ptr() == embed.data_ptr()
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() in seen or (p is embed and not tied):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def traffic_floor(model: Any, bandwidth: float | None = None) -> dict[str, float]:
+    """The memory-traffic floor of one step: weight bytes ÷ read bandwidth (measured unless given).
+    No decode step of one token can be faster on this machine unless it reads fewer bytes."""
+    device = next(model.parameters()).device
+    bw = read_bandwidth(device) if bandwidth is None else bandwidth
+    nbytes = step_weight_bytes(model)
+    return {"weight_bytes": nbytes, "bandwidth_bytes_per_second": bw, "floor_seconds": nbytes / bw}
 
 
 def synchronize(target: Any) -> None:
