@@ -487,7 +487,13 @@ def _profile(args: argparse.Namespace) -> int:
 
     import torch
 
-    from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes, traffic_floor
+    from dspark.profiling import (
+        device_name,
+        profile_from_shapes,
+        save_shapes,
+        time_shapes,
+        traffic_floor,
+    )
     from dspark.targets import load_target
 
     if args.drafter:

@@ -24,8 +24,8 @@ import torch
 
 from dspark.fast.compile import CompileUnavailable
 from dspark.fast.llama import LlamaStep, supports
-from dspark.options import STEP_PATHS
 from dspark.hf_target import HFTarget, _Request
+from dspark.options import STEP_PATHS
 
 __all__ = ["FastTarget", "PATHS", "build_target"]
 
