@@ -98,6 +98,7 @@ def test_fast_target_equals_hf_target_through_a_stream(model, path):
     torch.testing.assert_close(out.logits, ref.verify(["c"], tokens, torch.tensor([2])).logits, atol=1e-4, rtol=1e-4)
     lean = fast.prefill(["e"], [torch.arange(6)], logits=False)
     assert lean.logits.shape == (1, 0, V)
+    assert fast.path == path  # no silent fallback to another path
 
 
 FLAT = dspark.get_cost_model("sps-table", profile={
@@ -137,6 +138,7 @@ def test_engine_on_the_fast_path_is_greedy_identical(model, path, dname, sched):
         assert done[rid].output_ids == greedy_decode(model, p, 20), f"{path}/{dname}/{sched}: {rid} diverged"
     assert any(i.drafted and sum(i.lengths) > 0 for i in infos), "no draft was verified"
     assert list(target.request_ids) == []
+    assert target.path == path  # no silent fallback to another path
 
 
 @pytest.mark.parametrize("path", ["packed", "compiled"])
@@ -155,6 +157,7 @@ def test_sampling_on_the_fast_path_matches_the_target(path, dname, pname):
     assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
                              f"{path}/{dname}/{pname}", exact_support=False)
     assert sum(c.metrics["accepted"] for c in out) > 0
+    assert target.path == path
 
 
 def test_packed_bf16_equals_unpacked_bf16():
@@ -195,7 +198,7 @@ def test_unsupported_model_falls_back_to_the_hf_forward_in_one_sentence(caplog):
 def test_compile_unavailable_falls_back_to_the_packed_step(monkeypatch, caplog):
     model = _tiny("llama")
 
-    def broken(step, device, example, **kw):
+    def broken(step, device, **kw):
         raise CompileUnavailable("torch.compile failed on cpu (CalledProcessError: no C++ compiler)")
 
     monkeypatch.setattr("dspark.fast.compile.compile_step", broken)
@@ -211,9 +214,9 @@ def test_compile_unavailable_falls_back_to_the_packed_step(monkeypatch, caplog):
 
 
 def test_a_compiler_that_fails_is_reported_as_unavailable(monkeypatch):
-    """The real compile_step turns an inductor failure at the first call into CompileUnavailable."""
+    """check_compiler turns an inductor failure on a two-op function into CompileUnavailable
+    (once per device type: the answer is kept)."""
     from dspark.fast import compile as fast_compile
-    from dspark.fast.llama import LlamaStep
 
     def fake_compile(fn, **kw):
         def run(*a, **k):
@@ -221,9 +224,31 @@ def test_a_compiler_that_fails_is_reported_as_unavailable(monkeypatch):
         return run
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    step, cpu = LlamaStep(_tiny("llama")), torch.device("cpu")
-    with pytest.raises(CompileUnavailable, match="RuntimeError: InvalidCxxCompiler"):
-        fast_compile.compile_step(step, cpu, fast_target._example(step, cpu))
+    monkeypatch.setattr(fast_compile, "_CHECKED", {})
+    for _ in range(2):
+        with pytest.raises(CompileUnavailable, match="cannot run on cpu here .RuntimeError: InvalidCxxCompiler"):
+            fast_compile.check_compiler(torch.device("cpu"))
+
+
+def test_a_model_whose_compile_fails_runs_the_packed_step(caplog):
+    model = _tiny("llama")
+    target = FastTarget(model, path="compiled")
+
+    def failing(*args):
+        raise RuntimeError("LoweringException: an op inductor cannot lower")
+
+    target._run = failing
+    prompt = torch.tensor([3, 1, 4, 1, 5])
+    ref = HFTarget(model)
+    ref.prefill(["a"], [prompt])
+    target.prefill(["a"], [prompt])
+    with caplog.at_level(logging.WARNING, logger="dspark.fast.target"):
+        out = target.verify(["a"], torch.tensor([[9, 2, 6]]), torch.tensor([2]))
+    (record,) = [r for r in caplog.records if r.name == "dspark.fast.target"]
+    assert "LoweringException" in record.getMessage() and "packed step" in record.getMessage()
+    assert target.path == "packed"
+    torch.testing.assert_close(out.logits, ref.verify(["a"], torch.tensor([[9, 2, 6]]), torch.tensor([2])).logits,
+                               atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -31,9 +31,9 @@ def _path_args(p: argparse.ArgumentParser, *, race: bool) -> None:
     if race:
         p.add_argument("--step", default="auto", choices=["auto", *_STEP_PATHS],
                        help=what + "; 'auto': raced at start-up together with the dtype")
-        p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                       help="let the 'auto' race try torch.compile (minutes on a CPU the first time; "
-                       "inductor caches the graphs on disk)")
+        p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                       help="let the 'auto' race try torch.compile (default: on a GPU only; on a CPU each "
+                       "graph compiles for minutes at start-up, docs/performance.md)")
     else:
         p.add_argument("--step", default="packed", choices=_STEP_PATHS, help=what)
 
@@ -207,7 +207,7 @@ def _generate(args: argparse.Namespace) -> int:
     measured_cost = args.cost_model == "sps-table" and not args.profile
     choice, target = choose_dtype(model, tok, context=longest + args.max_new_tokens // 2,
                                   gamma=gamma if measured_cost else 0, dtype=args.dtype,
-                                  paths=race_paths(args.step, args.compile))
+                                  paths=race_paths(args.step, args.compile, args.device))
     del model
     print(choice.reason, file=sys.stderr)
     if args.drafter == "none":

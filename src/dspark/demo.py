@@ -73,7 +73,7 @@ class DemoOptions(NamespaceOptions):
     samples: int = field(default=4000, validator=at_least(1))
     dtype: str = field(default="auto", validator=one_of("auto", "float32", "bfloat16"))
     step: str = field(default="auto", validator=one_of("auto", *STEP_PATHS))
-    compile: bool = True
+    compile: bool | None = None  # race the compiled step too (None: on a GPU only)
     gate: bool = True
     scheduler: str = field(default="sps-greedy", validator=lambda _i, _a, v: _scheduler(v))  # NAME[:KEY=VALUE,...]
     out: str = field(default="out/demo", converter=path)
@@ -259,7 +259,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     ids = [encode_prompt(tok, prompt_request(p)) for p in prompts]
     context = round(statistics.mean(x.numel() for x in ids)) + opts.max_new_tokens // 2
     choice, target = choose_dtype(model, tok, context=context, gamma=gamma, dtype=opts.dtype,
-                                  paths=race_paths(opts.step, opts.compile),
+                                  paths=race_paths(opts.step, opts.compile, opts.device),
                                   speculation=_speculation(ref, calibrator, survival, ids[:2]))
     # plain decoding in its own faster dtype: the baseline is the best plain decode on this machine
     plain_model = (target.model if choice.plain_dtype == choice.dtype

@@ -449,7 +449,8 @@ class HFTarget:
         numel = 1
         for n in shape:
             numel *= n
-        if self._scratch.numel() < numel:
+        s = self._scratch
+        if s.numel() < numel or s.dtype != self._kv_dtype or s.device != self._device:
             self._scratch = torch.empty(
                 numel + numel // 4, dtype=self._kv_dtype, device=self._device
             )

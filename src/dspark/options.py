@@ -29,10 +29,13 @@ T = TypeVar("T")
 STEP_PATHS = ("eager", "packed", "compiled")
 
 
-def race_paths(step: str, compile: bool = True) -> tuple[str, ...]:
-    """The step paths a start-up race times: every path for ``"auto"`` (``compiled`` only with
-    ``compile``), else the one path given."""
+def race_paths(step: str, compile: bool | None = None, device: Any = "cpu") -> tuple[str, ...]:
+    """The step paths a start-up race times: ``eager`` and ``packed`` for ``"auto"``, and
+    ``compiled`` too where ``compile`` says so (None: on a GPU only — on a CPU compiling costs
+    minutes at start-up), else the one path given."""
     if step == "auto":
+        if compile is None:
+            compile = str(device).startswith("cuda")
         return STEP_PATHS if compile else STEP_PATHS[:2]
     if step not in STEP_PATHS:
         raise ValueError(f"step must be auto or one of {', '.join(STEP_PATHS)}, got {step!r}")

@@ -8,48 +8,60 @@
 
 Compiled graphs land in inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, by default under
 the system temporary folder), so a second start-up with the same model, dtype and shapes reuses
-them. Compilation happens at the first call of each new shape; :func:`compile_step` makes the first call
-itself, so that a missing compiler or an unsupported op is found at once and reported as
-:class:`CompileUnavailable` instead of in the middle of a request.
+them. Compilation happens at the first call of each new shape class; :func:`check_compiler` finds a
+missing compiler in seconds beforehand, and :class:`~dspark.fast.FastTarget` falls back to the
+packed step, in one logged sentence, if a model's compile fails later.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
 import torch
 
 __all__ = ["CompileUnavailable", "compile_step"]
 
-log = logging.getLogger(__name__)
-
 
 class CompileUnavailable(RuntimeError):
     """``torch.compile`` cannot run here (no C++ compiler, an unsupported op, ...)."""
 
 
-def compile_step(step: torch.nn.Module, device: torch.device, example: tuple, *,
-                 dynamic: bool | None = None) -> Any:
-    """``step`` compiled for ``device``, already called once on ``example`` (its arguments).
+_CHECKED: dict[str, str | None] = {}  # device type → None (compiles) or why not
+
+
+def check_compiler(device: torch.device) -> None:
+    """Compile and run a two-op function on ``device`` once per process: a missing C++ compiler
+    (CPU) or Triton (GPU) shows here in seconds, as :class:`CompileUnavailable`, instead of
+    minutes into a model's compile."""
+    key = device.type
+    if key not in _CHECKED:
+        try:
+            fn = torch.compile(lambda x: torch.relu(x) * 2 + 1, dynamic=False)
+            fn(torch.ones(8, device=device))
+            _CHECKED[key] = None
+        except Exception as err:  # inductor's failures have no common base class
+            _CHECKED[key] = _sentence(err)
+    if _CHECKED[key] is not None:
+        raise CompileUnavailable(f"torch.compile cannot run on {key} here ({_CHECKED[key]})")
+
+
+def _sentence(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}".rstrip(": ")
+
+
+def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool | None = None) -> Any:
+    """``step`` compiled for ``device`` (after :func:`check_compiler`). Graphs are compiled at the
+    first call of each new shape class.
 
     On a CPU the graphs are dynamic in every size from the start (``dynamic=True``): torch
-    specialises only sizes 0 and 1, so a handful of graphs (one row or many, one token or many)
-    cover every shape. Raises :class:`CompileUnavailable` with the first line of the error."""
+    specialises only sizes 0 and 1, so two graphs (one token or several) cover every verification.
+    On a GPU sizes become symbolic at their second value and each concrete size records its own
+    CUDA graph."""
+    check_compiler(device)
     if device.type == "cuda":
-        fn = torch.compile(step, mode="reduce-overhead", dynamic=False if dynamic is None else dynamic)
-    else:
-        fn = _Frozen(torch.compile(step, dynamic=True if dynamic is None else dynamic))
-    t0 = time.perf_counter()
-    try:
-        with torch.inference_mode():
-            fn(*example)
-    except Exception as err:  # inductor's failures have no common base class
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CompileUnavailable(f"torch.compile failed on {device.type} ({type(err).__name__}: {first[:200]})") from err
-    log.info("compiled the target step in %.1f s", time.perf_counter() - t0)
-    return fn
+        return torch.compile(step, mode="reduce-overhead", dynamic=dynamic)
+    return _Frozen(torch.compile(step, dynamic=True if dynamic is None else dynamic))
 
 
 class _Frozen:

@@ -46,21 +46,9 @@ def _shared_step(model: Any, path: str, device: torch.device) -> tuple[LlamaStep
         if path == "compiled":
             from dspark.fast.compile import compile_step
 
-            run = compile_step(step, device, _example(step, device))
+            run = compile_step(step, device)
         per_model[path] = (step, run)
     return per_model[path]
-
-
-def _example(step: LlamaStep, device: torch.device) -> tuple:
-    """A verification of one token after a two-token past: the arguments of the first call."""
-    past = torch.zeros(len(step.layers), 2, 1, step.kv_heads, 2, step.head_dim, dtype=step.embed.dtype,
-                       device=device)
-    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
-    return ids, ids + 2, past, torch.ones(1, 2, dtype=torch.bool, device=device), _every(step), True
-
-
-def _every(step: LlamaStep) -> tuple[int, ...]:
-    return tuple(range(len(step.layers)))
 
 
 def build_target(model: Any, tokenizer: Any = None, capture_layers: Iterable[int] = (), *,
@@ -104,6 +92,7 @@ class FastTarget(HFTarget):
         self.path = path
         self.bucket = bucket if path == "compiled" else 1
         self._step, self._run = _shared_step(model, path, self._device)
+        self._graph_capture: tuple[int, ...] = ()
 
     def _new_store(self, capacity: int) -> _Request:
         store = super()._new_store(_round_up(capacity, self.bucket))
@@ -134,12 +123,29 @@ class FastTarget(HFTarget):
         if T == 0:  # a prefill: long prompts once per request, not worth a compiled graph per shape
             run = self._step
         elif run is not self._step:
-            # the graph returns every layer's output, whatever this round captures: one graph for
-            # every capture set (an engine switches capture off in skipped rounds), and the
-            # states exist in the forward anyway
-            asked = _every(self._step)
-        logits, captured, new_kv = run(tokens.to(dev), position_ids, past, valid, asked, want_logits)
+            # one graph for every capture set this target has used (an engine switches capture off
+            # in the rounds its draft gate skips): the union, each layer's state a few stores
+            self._graph_capture = tuple(sorted(set(self._graph_capture) | set(capture)))
+            asked = self._graph_capture
+        graphed = run is not self._step and dev.type == "cuda"
+        if graphed:  # a CUDA graph's outputs live in its static buffers, overwritten by the next replay
+            torch.compiler.cudagraph_mark_step_begin()
+        args = (tokens.to(dev), position_ids, past, valid, asked, want_logits)
+        try:
+            logits, captured, new_kv = run(*args)
+        except Exception as err:  # a compile that fails on this model: the packed step instead
+            if run is self._step:
+                raise
+            log.warning("the compiled target step failed (%s: %s); running the packed step instead",
+                        type(err).__name__, str(err).strip().splitlines()[0][:200] if str(err).strip() else "")
+            self.path = "packed"
+            self._step, self._run = _shared_step(self.model, "packed", dev)
+            graphed, run = False, self._run
+            logits, captured, new_kv = run(*args)
         captured = [captured[asked.index(k)] for k in capture]
+        if graphed:
+            logits = logits.clone() if logits is not None else None
+            captured = [h.clone() for h in captured]
         for r, (req, n) in enumerate(zip(reqs, q_lens.tolist())):  # new_kv [L, 2, R, H_kv, q, d]
             req.reserve(req.length + n, self.max_context)
             req.kv[:, :, :, req.length : req.length + n].copy_(new_kv[:, :, r, :, :n])
