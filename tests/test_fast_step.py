@@ -262,3 +262,19 @@ def test_step_weight_bytes_count_what_a_step_reads(tied):
     assert step_weight_bytes(model) == (every if tied else every - embed)
     floor = traffic_floor(model, bandwidth=1e9)
     assert floor["floor_seconds"] == pytest.approx(step_weight_bytes(model) / 1e9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")
+@pytest.mark.parametrize("path", ["packed", "compiled"])
+def test_fast_paths_on_cuda_are_greedy_identical(path):
+    """On a GPU (compiled: CUDA graphs): the engine decodes what the model's own generate does,
+    fp32, requests joining mid-stream."""
+    model = _tiny("llama").to("cuda")
+    target = FastTarget(model, path=path)
+    engine = Engine(target, None, cost_model=FLAT, clock=TickClock())
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    rids, done = run_with_late_join(engine, prompts, 16)
+    for rid, p in zip(rids, prompts):
+        assert done[rid].output_ids == greedy_decode(model, p.to("cuda"), 16), f"{path}: {rid} diverged"
+    assert target.path == path
