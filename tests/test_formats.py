@@ -240,3 +240,39 @@ def test_unknown_verifier_layer_count_is_not_guessed(tmp_path, target):
         formats.convert(tmp_path / "spec", "deepspec", tmp_path / "out")
     out = formats.convert(tmp_path / "spec", "deepspec", tmp_path / "out", target=target)
     assert json.loads((out / "config.json").read_text())["num_target_layers"] == 6
+
+
+def _user_files(root):
+    """A user's folder: a checkpoint copy, notes and data — nothing dspark wrote."""
+    shutil.copytree(rf.folder("deepspec-dspark-vanilla"), root / "ckpt")
+    (root / "notes.txt").write_text("mine")
+    (root / "data").mkdir()
+    (root / "data" / "train.jsonl").write_text("{}\n")
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("where", ["parent-of-src", "src", "cwd", "user-folder"])
+def test_convert_overwrite_never_deletes_what_dspark_did_not_write(where, tmp_path, monkeypatch, capsys):
+    """--overwrite replaces only a folder dspark wrote; never the source, an ancestor of it, the
+    current folder or a user's folder. Each refusal is one sentence, exit 2, nothing touched."""
+    root = tmp_path / "work"
+    root.mkdir()
+    before = _user_files(root)
+    monkeypatch.chdir(root)
+    out = {"parent-of-src": str(root), "src": str(root / "ckpt"), "cwd": ".", "user-folder": str(root / "data")}[where]
+    rc = cli_main(["convert", str(root / "ckpt"), out, "--to", "speculators", "--overwrite"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and ("input" in err or "not written by dspark" in err), err
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    with pytest.raises(CheckpointError):
+        formats.convert(root / "ckpt", "speculators", out, overwrite=True)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
+def test_convert_overwrite_replaces_a_folder_dspark_wrote(tmp_path):
+    out = tmp_path / "out"
+    formats.convert(rf.folder("deepspec-dflash"), "speculators", out)
+    assert (out / ".dspark-output").is_file()
+    formats.convert(rf.folder("deepspec-dspark-vanilla"), "speculators", out, overwrite=True)
+    assert _bytes(out) == _bytes(rf.folder("speculators-dspark"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary or old folder left beside it

@@ -731,6 +731,9 @@ def _convert(args: argparse.Namespace) -> int:
     path, draft_vocab = parse_drafter_ref(args.src)
     src = locate(path)
     fmt = detect(src)  # fail fast, before loading a target
+    from dspark.outdir import check_replaceable
+
+    check_replaceable(args.out, overwrite=args.overwrite, sources=(src,))  # before the target loads
     if draft_vocab is not None and not args.target:
         raise ValueError(f"{args.src}: ':vocab=K' cuts the drafter after binding it to its target; pass --target")
     target = None
@@ -743,7 +746,8 @@ def _convert(args: argparse.Namespace) -> int:
         out = convert(src, args.to, args.out, target=target, overwrite=args.overwrite)
     else:  # the named variant: cut, then written like any drafter (speculators: d2t / t2d)
         drafter = from_pretrained(src, target, draft_vocab=draft_vocab)
-        out = write(portable_from_drafter(drafter, target), args.to, args.out, overwrite=args.overwrite)
+        out = write(portable_from_drafter(drafter, target), args.to, args.out, overwrite=args.overwrite,
+                    sources=(src,))
     print(f"{args.src} ({fmt}) -> {out} ({args.to})")
     return 0
 

@@ -589,26 +589,29 @@ def _reference_files(p: Portable, out: Path, fmt: str) -> None:
     (out / CONFIG_NAME).write_text(json.dumps(cfg, indent=2) + "\n")
 
 
-def write(p: Portable, fmt: str, out: str | Path, *, overwrite: bool = False) -> Path:
+def write(p: Portable, fmt: str, out: str | Path, *, overwrite: bool = False,
+          sources: tuple[str | Path, ...] = ()) -> Path:
     """Write ``p`` as a ``fmt`` checkpoint folder ``out``, all or nothing: the files go to a
-    temporary sibling folder that replaces ``out`` only once complete."""
+    temporary sibling folder that replaces ``out`` only once complete. ``out`` is replaced only
+    if it is empty or dspark wrote it, and never if it is, or holds, one of ``sources``
+    (:mod:`dspark.outdir`)."""
+    from dspark.outdir import OutputError, build_beside, check_replaceable, swap_in
+
     if fmt not in ("dspark", "deepspec", "speculators"):
         raise FormatError(f"cannot write format {fmt!r}; writable: dspark, deepspec, speculators")
     if fmt != "dspark":
         _refuse_unrepresentable(p, fmt)  # before touching the disk
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FormatError(f"{out} exists and is not empty (pass overwrite=True / --overwrite to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out = check_replaceable(out, overwrite=overwrite, sources=sources)
+    except OutputError as err:
+        raise FormatError(str(err)) from None
+    tmp = build_beside(out)
     try:
         if fmt == "dspark":
             _dspark_files(p, tmp)
         else:
             _reference_files(p, tmp, fmt)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -621,10 +624,16 @@ def convert(src: str | Path, to: str, out: str | Path, *, target: Any = None, ov
     A dspark-format source needs ``target`` to write a reference format (those store the target's
     embedding and LM head); reference ⇄ reference conversion copies the tensors untouched.
     """
+    from dspark.outdir import OutputError, check_replaceable
+
+    try:  # before reading anything: the output must be one dspark may write
+        check_replaceable(out, overwrite=overwrite, sources=(src,))
+    except OutputError as err:
+        raise FormatError(str(err)) from None
     p = read(src)
     if p.source_format == "dspark" and to != "dspark" and target is not None:
         drafter = build(p, target)
         p = portable_from_drafter(drafter, target)
     elif target is not None:
         p = evolve(p, config=_check_verifier(p, target), verifier_layers_known=True)
-    return write(p, to, out, overwrite=overwrite)
+    return write(p, to, out, overwrite=overwrite, sources=(src,))
