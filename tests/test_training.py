@@ -334,6 +334,25 @@ def test_feature_cache_equals_online_teacher(model, tmp_path):
     assert len(build_feature_cache(model, seqs, tmp_path, [1, 3, 4], shard_size=2, progress=False)) == 5
 
 
+def test_feature_cache_is_keyed_by_the_target_that_built_it(model, tmp_path):
+    """A same-shaped target with other weights, or the same target in another dtype, must not reuse
+    the features: refused in one sentence naming both, the cache left as it was."""
+    import copy
+
+    seqs, _ = tiny_data(4)
+    build_feature_cache(model, seqs, tmp_path, [1, 3], shard_size=2, progress=False)
+    kept = _cache_bytes(tmp_path)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        next(other.parameters()).add_(1e-3)
+    for stranger in (other, copy.deepcopy(model).to(torch.bfloat16)):
+        with pytest.raises(ValueError, match="holds features of another target") as err:
+            build_feature_cache(stranger, seqs, tmp_path, [1, 3], shard_size=2, progress=False)
+        assert "use another folder" in str(err.value) and "\n" not in str(err.value)
+    assert _cache_bytes(tmp_path) == kept
+    assert len(build_feature_cache(model, seqs, tmp_path, [1, 3], shard_size=2, progress=False)) == 4  # its own target
+
+
 def _cache_bytes(root):
     return {f.name: f.read_bytes() for f in sorted(root.glob("shard-*.safetensors"))}
 

@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SMOLLM2", "smollm2_gguf", "load_causal_lm", "resolve_device"]
+__all__ = ["SMOLLM2", "smollm2_gguf", "load_causal_lm", "model_identity", "resolve_device"]
 
 SMOLLM2 = "smollm2-135m"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -118,3 +118,22 @@ def crop_cache(cache: Any, keep: int) -> None:
     remove = cache.get_seq_length() - keep
     if remove > 0:
         cache.crop(-remove)
+
+
+def model_identity(model: Any) -> dict[str, str]:
+    """What a cache built from ``model`` is keyed by: its name (``config._name_or_path``), the
+    dtype it runs in and a digest of every parameter's name, shape, dtype and bytes (blake2b; a
+    135M-parameter model hashes in about a second), so two same-shaped targets never share one."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.blake2b(digest_size=16)
+    dtype = None
+    for name, p in model.named_parameters():
+        t = p.detach().cpu().contiguous()
+        dtype = dtype or str(t.dtype).removeprefix("torch.")
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return {"name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
+            "dtype": dtype or "none", "digest": h.hexdigest()}

@@ -220,8 +220,11 @@ def build_feature_cache(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     meta_path = root / "cache.json"
+    from dspark.models import model_identity
+
+    target = model_identity(model)  # features of one target must never serve another of its shape
     settings = {"layer_ids": list(layer_ids), "teacher": teacher, "top_k": top_k if teacher == "topk" else None,
-                "shard_size": shard_size}
+                "shard_size": shard_size, "target": target}
     n_shards = (len(seqs) + shard_size - 1) // shard_size
     digests = [_shard_digest(seqs[i * shard_size : (i + 1) * shard_size]) for i in range(n_shards)]
     done = 0
@@ -231,6 +234,11 @@ def build_feature_cache(
         if meta["teacher"] != teacher:
             raise ValueError(f"{root} holds a feature cache for the {meta['teacher']!r} teacher, not {teacher!r}; "
                              "use another folder (--feature-cache) or --teacher " + meta["teacher"])
+        if meta.get("target") != target:
+            was = meta.get("target") or {"name": "an unrecorded target"}
+            raise ValueError(f"{root} holds features of another target ({was.get('name')}, {was.get('dtype', '?')}, "
+                             f"weights {str(was.get('digest', '?'))[:12]}) than {target['name']} ({target['dtype']}, "
+                             f"weights {target['digest'][:12]}); use another folder (--feature-cache)")
         if {k: meta.get(k) for k in settings} != settings:
             raise ValueError(f"{root} holds a feature cache for other data or settings; use another folder")
         stored = meta.get("shard_digests")
