@@ -6,6 +6,7 @@ what depends on the world (files, registered names) checked before any model loa
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,31 @@ def test_evaluate_and_calibrate(tiny):
     assert all(t >= 1.0 for t in ev.tau.values())
     assert json.loads(ev.json_path.read_text())["runs"].keys() == ev.results["runs"].keys()
     assert ev.markdown_path.is_file() and (ev.out / "acceptance.png").is_file()
+
+    # the rounds are reused only for the same inputs: another checkpoint under the same label is
+    # refused in one sentence (not answered with the old numbers), --fresh recomputes
+    kw = dict(temperatures=[0], prompts=data.eval_prompts_path, model=target, per_domain=2, concurrency=2,
+              out=root / "eval", quiet=True)
+    again = dspark.evaluate(drafters=[f"tiny={run.checkpoint}", "ngram"], max_new_tokens=8, **kw)
+    assert again.tau == ev.tau
+    assert ev.results["runs"]["tiny@T=0.0"]["provenance"]["checkpoint_digest"] != "ngram"
+    other = root / "other-ckpt"
+    shutil.copytree(run.checkpoint, other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(cfg, indent=1))  # other bytes, same label
+    with pytest.raises(ValueError, match=r"computed with checkpoint_digest = .*pass --fresh"):
+        dspark.evaluate(drafters=[f"tiny={other}"], max_new_tokens=8, **kw)
+    with pytest.raises(ValueError, match="computed with max_new_tokens = 8, this run has 6"):
+        dspark.evaluate(drafters=[f"tiny={run.checkpoint}"], max_new_tokens=6, **kw)
+    fresh = dspark.evaluate(drafters=[f"tiny={other}"], max_new_tokens=8, fresh=True, **kw)
+    assert fresh.results["runs"]["tiny@T=0.0"]["provenance"]["checkpoint_digest"] != \
+        ev.results["runs"]["tiny@T=0.0"]["provenance"]["checkpoint_digest"]
+    # labels name files under OUT: a path is refused, and so is one label given twice, before any load
+    with pytest.raises(ValueError, match="not a plain file name"):
+        dspark.evaluate(drafters=[f"../../x={run.checkpoint}"], max_new_tokens=8, **kw)
+    with pytest.raises(ValueError, match="'tiny' is given twice"):
+        dspark.evaluate(drafters=[f"tiny={run.checkpoint}", f"tiny={other}"], max_new_tokens=8, **kw)
+    assert not (root.parent / "x-T0.0.json").exists()
 
     cal = dspark.calibrate(dspark.CalibrateOptions(checkpoint=run.checkpoint, out=root / "cal", skip=0, per_domain=4,
                                                    prompts=data.eval_prompts_path, model=target, max_new_tokens=8,

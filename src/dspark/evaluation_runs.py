@@ -6,6 +6,7 @@ functions behind ``dspark calibrate`` (:func:`calibrate`, a :class:`CalibrateOpt
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,19 +68,23 @@ def eval_prompts(path: str | None, per_domain: int, skip: int = 0) -> list[Any]:
     return out
 
 
+def files_digest_of_keys(prompts: list[Any]) -> str:
+    """A digest of the selected prompts' keys (which prompts ran, whatever file they came from)."""
+    import hashlib
+
+    return hashlib.blake2b("\n".join(p.key for p in prompts).encode(), digest_size=16).hexdigest()
+
+
 def load_drafter_spec(spec: str, target: Any) -> tuple[str, Any, Any]:
     """``LABEL=CHECKPOINT``, a checkpoint folder, a shipped drafter name, or ``ngram`` →
     (label, drafter, calibrator or None). A ``calibration.json`` next to the weights is loaded.
     ``CHECKPOINT:vocab=K`` is the variant cut to the K most frequent tokens (:mod:`dspark.drafters.prune`;
     default label ``NAME-vocabK``)."""
     import dspark
-    from dspark.drafters.prune import parse_drafter_ref, variant_label
+    from dspark.drafters.prune import parse_drafter_ref
 
-    label, path = _split_label(spec)
-    path, draft_vocab = parse_drafter_ref(path)
-    if not label:
-        p = Path(path)
-        label = variant_label((p.parent.name if p.name == "checkpoint" else p.name) or path, draft_vocab)
+    label = spec_label(spec)
+    path, draft_vocab = parse_drafter_ref(_split_label(spec)[1])
     if path == "ngram":
         return label, dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=7), None
     from dspark.checkpoints import resolve_checkpoint
@@ -126,6 +131,26 @@ def _split_label(spec: str) -> tuple[str, str]:
     return (label, ref) if sep and not label.endswith(":vocab") else ("", spec)
 
 
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def spec_label(spec: str) -> str:
+    """The label of a drafter spec: ``LABEL`` of ``LABEL=REF``, else the checkpoint folder's name
+    (``NAME-vocabK`` for a ``:vocab=K`` variant). It names files under the output folder, so it
+    must be one plain file name (letters, digits, ``. _ + -``); anything else is a ValueError."""
+    from dspark.drafters.prune import parse_drafter_ref, variant_label
+
+    label, ref = _split_label(spec)
+    path, draft_vocab = parse_drafter_ref(ref)
+    if not label:
+        p = Path(path)
+        label = variant_label((p.parent.name if p.name == "checkpoint" else p.name) or path, draft_vocab)
+    if not _LABEL.fullmatch(label):
+        raise ValueError(f"drafter label {label!r} (from {spec!r}) is not a plain file name: use letters, digits "
+                         "and . _ + - (LABEL=CHECKPOINT sets one)")
+    return label
+
+
 def _spec_path(spec: str) -> str:
     """The checkpoint of a ``LABEL=CHECKPOINT[:vocab=K]`` spec (or the spec itself)."""
     from dspark.drafters.prune import parse_drafter_ref
@@ -133,12 +158,16 @@ def _spec_path(spec: str) -> str:
     return parse_drafter_ref(_split_label(spec)[1])[0]
 
 
-def _check_drafter_spec(spec: str) -> None:
-    """What :func:`load_drafter_spec` would refuse without a target: a checkpoint that is not there."""
+def _check_drafter_spec(spec: str) -> str:
+    """What :func:`load_drafter_spec` would refuse without a target (a checkpoint that is not
+    there, a label that is not a file name) → the digest of the checkpoint's files."""
     from dspark.checkpoints import resolve_checkpoint
+    from dspark.provenance import files_digest
 
-    if _spec_path(spec) != "ngram":
-        resolve_checkpoint(_spec_path(spec))
+    spec_label(spec)
+    if _spec_path(spec) == "ngram":
+        return "ngram"
+    return files_digest(resolve_checkpoint(_spec_path(spec)))
 
 
 def _sampling(temperature: float) -> Any:
@@ -424,11 +453,21 @@ def evaluate(options: EvalOptions | None = None, /, **overrides: Any) -> EvalRes
     the rounds (reused by a re-run unless ``fresh``) to ``options.out``. ``overrides`` replace
     fields of ``options`` (or give all of them: ``drafters=[...]``, ...)."""
     from dspark.evaluation import Rounds, collect_rounds, evaluate_rounds, save_json
+    from dspark.provenance import check, files_digest, record
 
     opts = resolve_options(EvalOptions, options, overrides)
-    for spec in opts.drafters:  # a missing checkpoint or prompt file fails before the model loads
-        _check_drafter_spec(spec)
+    # a missing checkpoint or prompt file, a bad or repeated label: refused before the model loads
+    digests = {spec: _check_drafter_spec(spec) for spec in opts.drafters}
+    labels = [spec_label(spec) for spec in opts.drafters]
+    repeated = sorted({x for x in labels if labels.count(x) > 1})
+    if repeated:
+        raise ValueError(f"drafter label {repeated[0]!r} is given twice; name each with LABEL=CHECKPOINT")
     prompts = eval_prompts(opts.prompts, opts.per_domain)
+    prompt_file = opts.prompts or "shipped"
+    base = {"model": opts.model, "dtype": opts.dtype, "device": opts.device, "prompts": prompt_file,
+            "prompts_digest": files_digest(opts.prompts) if opts.prompts else "shipped",
+            "prompt_keys": files_digest_of_keys(prompts), "max_new_tokens": opts.max_new_tokens,
+            "concurrency": opts.concurrency, "seed": opts.seed}
     target = _target(opts.model, opts.dtype, opts.device)
     out = Path(opts.out)
     results: dict[str, Any] = {"prompts": len(prompts), "max_new_tokens": opts.max_new_tokens,
@@ -437,19 +476,25 @@ def evaluate(options: EvalOptions | None = None, /, **overrides: Any) -> EvalRes
     drafters = [load_drafter_spec(spec, target) for spec in opts.drafters]  # once, for every temperature
     out.mkdir(parents=True, exist_ok=True)  # only once the drafters loaded: a failure leaves no empty folder
     for temp in opts.temperatures:
-        for label, drafter, cal in drafters:
+        for spec, (label, drafter, cal) in zip(opts.drafters, drafters):
             cache = rounds_path(out, label, temp)
+            provenance = {**base, "drafter": spec, "checkpoint_digest": digests[spec], "temperature": temp,
+                          "gamma": drafter.gamma}
+            sidecar = cache.with_suffix(".provenance.json")
             if cache.is_file() and not opts.fresh:  # resumable: finished runs are not redone
                 import json
 
+                check(sidecar, provenance, f"{cache}", "pass --fresh to recompute it, or choose another --out")
                 rounds = Rounds.from_dict(json.loads(cache.read_text()))
             else:
                 rounds = collect_rounds(target, drafter, prompts, _sampling(temp), max_new_tokens=opts.max_new_tokens,
                                         concurrency=opts.concurrency, progress=not opts.quiet, seed=opts.seed)
                 save_json(rounds.to_dict(), cache)
+                record(sidecar, provenance)
             res = evaluate_rounds(rounds, cal, THRESHOLDS)
             res["calibrated_with"] = calibration_label(cal, getattr(drafter, "confidence_model", None))
-            results["runs"][f"{label}@T={temp}"] = {"drafter": label, "temperature": temp, **res}
+            results["runs"][f"{label}@T={temp}"] = {"drafter": label, "temperature": temp, "provenance": provenance,
+                                                    **res}
             print(f"{label:>16} T={temp}: τ {res['overall']['tau']:.3f} "
                   + " ".join(f"{d}={v['tau']:.2f}" for d, v in res["domains"].items()), file=sys.stderr)
     save_json(results, out / "eval.json")
