@@ -206,8 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[int, list[dict[str, float]]]] = {name: {c: [] for c in levels} for name in runners}
     outputs: dict[str, list[list[int]]] = {}
     names = list(runners)
-    for name in names:  # warm-up: one prompt each (first-call allocations, lazy compiles)
+    warmup: dict[str, float] = {}
+    for name in names:  # warm-up: one prompt alone and a batch (first-call allocations, lazy compiles)
+        t0 = time.perf_counter()
         runners[name]([prompts[0]])
+        runners[name](prompts[: max(levels)])
+        warmup[name] = time.perf_counter() - t0
+        log.info("warm-up %s: %.1f s", name, warmup[name])
     for rep in range(args.repeats):
         order = names[rep % len(names):] + names[: rep % len(names)]
         for c in levels:
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python scripts/bench_peers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "tokens_per_second": {n: {str(c): v for c, v in r.items()} for n, r in rate.items()},
         "runs": {n: {str(c): v for c, v in r.items()} for n, r in runs.items()},
-        "greedy_outputs_equal_to_hf_generate": agree, "build_seconds": built,
+        "greedy_outputs_equal_to_hf_generate": agree, "build_seconds": built, "warmup_seconds": warmup,
         "vllm": {k: v for k, v in vllm.items() if k not in ("runs", "outputs")},
         "drafter": args.drafter or DEFAULT_DRAFTER,
     }

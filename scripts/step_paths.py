@@ -11,7 +11,7 @@ compares each path's greedy decode with HF ``generate`` on that random model.
 
 For each path the verification step of one request (and of R requests) over ``--context`` tokens
 is timed for every q of ``--widths`` (median of ``--repeats`` after a warm-up); compiling is
-timed separately. Writes ``step_paths.json`` and prints a Markdown table.
+timed separately. Writes ``step_paths.json`` and ``step_paths.md`` (the table it prints).
 """
 
 from __future__ import annotations
@@ -137,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "step_paths.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(markdown(result))
+    md = markdown(result)
+    (out / "step_paths.md").write_text(f"# Target step by path — {result['date']}\n\nCommand: `{result['command']}`\n\n"
+                                       + md + "\n")
+    print(md)
     return 0
 
 

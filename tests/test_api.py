@@ -83,6 +83,41 @@ def test_build_data_stops_at_max_tokens_and_resumes_to_a_larger_budget(tiny):
     assert (more.written, more.total_tokens) == (2, sum(len(r["response_ids"]) for r in lines())) == (2, 40)
 
 
+def test_build_data_refuses_to_resume_with_other_generation_settings(tiny):
+    """Appending records made with another temperature, dtype or target to train.jsonl would mix
+    two datasets silently: refused in one sentence naming the field (the cheap fields before the
+    model loads), the file and its records left as they were."""
+    from helpers import save_tiny_target
+
+    root, target, _, _ = tiny
+    base = dict(out=root / "resume", prompts=[root / "prompts.jsonl"], no_builtin=True, model=target, dtype="float32",
+                temperature=0, max_new_tokens=8, concurrency=2, eval_fraction=0.3, quiet=True)
+    first = dspark.build_data(**base, max_tokens=16)
+    before = first.train_path.read_text()
+    with pytest.raises(ValueError, match=r"computed with temperature = 0(\.0)?, this run has 0.7"):
+        dspark.build_data(**{**base, "temperature": 0.7}, max_tokens=32)
+    with pytest.raises(ValueError, match="computed with dtype = 'float32', this run has 'bfloat16'"):
+        dspark.build_data(**{**base, "dtype": "bfloat16"}, max_tokens=32)
+    assert first.train_path.read_text() == before
+    more = dspark.build_data(**base, max_tokens=32)  # the same settings resume
+    assert more.already_done == 2 and more.written == 2
+    # the same model folder holding other weights (retrained in place): the target's digest differs
+    from transformers import AutoModelForCausalLM
+
+    folder = root / "mutable-target"
+    shutil.copytree(target, folder)
+    moved = {**base, "out": root / "resume-2", "model": folder}
+    dspark.build_data(**moved, max_tokens=16)
+    other = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        next(other.parameters()).add_(0.01)
+    save_tiny_target(folder, other)
+    kept = (root / "resume-2" / "train.jsonl").read_text()
+    with pytest.raises(ValueError, match="computed with target = "):
+        dspark.build_data(**moved, max_tokens=32)
+    assert (root / "resume-2" / "train.jsonl").read_text() == kept
+
+
 def test_build_data_resumes_after_a_torn_last_record(tiny):
     """A run killed mid-write (or a copy of a live file) ends in half a record: the resumed run
     drops it and appends whole records after it, so every line of the file parses."""

@@ -278,3 +278,43 @@ def test_fast_paths_on_cuda_are_greedy_identical(path):
     for rid, p in zip(rids, prompts):
         assert done[rid].output_ids == greedy_decode(model, p.to("cuda"), 16), f"{path}: {rid} diverged"
     assert target.path == path
+
+
+def test_inference_linear_packs_bf16_and_repacks_a_changed_weight():
+    from dspark.fast.linear import inference_linear, packs
+
+    torch.manual_seed(0)
+    w = torch.randn(48, 32).bfloat16()
+    x = torch.randn(5, 32).bfloat16()
+    with torch.inference_mode():
+        if not packs(x, w):
+            pytest.skip("oneDNN cannot pack bf16 weights on this build of torch")
+        a = inference_linear(x, w)
+        torch.testing.assert_close(a.float(), torch.nn.functional.linear(x, w).float(), atol=0.05, rtol=0.02)
+        w.mul_(2)  # changed in place: the packed copy must follow
+        torch.testing.assert_close(inference_linear(x, w).float(), 2 * a.float(), atol=0.1, rtol=0.02)
+    assert not packs(x.float(), w.float())  # fp32: F.linear as written
+    with torch.enable_grad():
+        assert not packs(x, w.requires_grad_())  # training: never the packed route
+
+
+def test_the_engine_routes_a_bf16_drafters_linears_through_packed_weights():
+    """The engine sends a drafter's linears and its LM head product through packed weights (bf16,
+    CPU): the same products within bf16 rounding."""
+    from dspark.fast.linear import packs
+
+    model = _tiny("llama", vocab=64, hidden_size=64, intermediate_size=128).to(torch.bfloat16)
+    target = FastTarget(model, path="packed")
+    drafter = _drafter(target, "dspark:gated-markov")
+    Engine(target, drafter, scheduler=dspark.get_scheduler("full"), cost_model=FLAT, clock=TickClock())
+    routed = [m for m in drafter.modules() if type(m) is torch.nn.Linear]
+    assert routed and all("forward" in m.__dict__ for m in routed)
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        x = torch.randn(3, routed[0].in_features).bfloat16()
+        if not packs(x, routed[0].weight):
+            pytest.skip("oneDNN cannot pack bf16 weights on this build of torch")
+        torch.testing.assert_close(routed[0](x).float(), torch.nn.functional.linear(x, routed[0].weight).float(),
+                                   atol=0.05, rtol=0.02)
+        h = torch.randn(2, 4, 64).bfloat16()
+        torch.testing.assert_close(drafter.logits(h).float(), (h @ drafter._lm_head.T).float(), atol=0.05, rtol=0.02)

@@ -22,6 +22,7 @@ import torch
 from attrs import define, field, frozen
 
 from dspark.cost_models.context import ContextBinding
+from dspark.fast.linear import route_linears
 from dspark.plugins import resolve
 from dspark.protocols import DraftContext
 from dspark.round import speculative_round
@@ -158,6 +159,8 @@ class Engine:
             raise ValueError(f"capture_ahead must be an integer >= 1, got {capture_ahead!r}")
         self.target = target
         self.drafter = resolve("drafters", drafter) if drafter is not None else None
+        if isinstance(self.drafter, torch.nn.Module):  # bf16 on a CPU: its linears packed once (dspark.fast.linear)
+            route_linears(self.drafter)
         self.scheduler = resolve("schedulers", scheduler)
         self.cost_model = resolve("cost_models", cost_model) if cost_model is not None else None
         self._cost_model_at = ContextBinding(self.cost_model)  # read at each round's KV context

@@ -46,8 +46,10 @@ def record(path: Path, provenance: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(dict(provenance), indent=2, sort_keys=True) + "\n")
 
 
-def check(path: Path, provenance: Mapping[str, Any], what: str, remedy: str) -> None:
-    """Raise :class:`ProvenanceError` unless ``path`` records exactly ``provenance``.
+def check(path: Path, provenance: Mapping[str, Any], what: str, remedy: str, *,
+          ignore: tuple[str, ...] = ()) -> None:
+    """Raise :class:`ProvenanceError` unless ``path`` records exactly ``provenance`` (the keys in
+    ``ignore`` left out of the comparison: a check before everything is known).
 
     ``what`` names the stored result, ``remedy`` says how to proceed (e.g. "pass --fresh")."""
     if not path.is_file():
@@ -59,7 +61,7 @@ def check(path: Path, provenance: Mapping[str, Any], what: str, remedy: str) -> 
     if not isinstance(stored, dict):
         raise ProvenanceError(f"{path} does not hold a JSON object; {remedy}")
     current = json.loads(json.dumps(dict(provenance)))  # the JSON form, as stored
-    for key in sorted(set(stored) | set(current)):
+    for key in sorted((set(stored) | set(current)) - set(ignore)):
         if stored.get(key) != current.get(key):
             raise ProvenanceError(f"{what} was computed with {key} = {stored.get(key)!r}, this run has "
                                   f"{current.get(key)!r}; {remedy}")

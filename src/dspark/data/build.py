@@ -143,6 +143,8 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
     from dspark.data.prompts import DOMAINS, builtin_prompts, jsonl_prompts, split
     from dspark.data.selfdistill import generate_records, read_records, write_prompts
     from dspark.engine import Engine
+    from dspark.models import model_identity
+    from dspark.provenance import check, record
     from dspark.targets import load_target
     from dspark.types import SamplingParams
 
@@ -152,6 +154,13 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
         raise FileNotFoundError(f"--followups-from {followups_from} does not exist "
                                 "(give a train.jsonl written by `dspark data`)")
     out = Path(opts.out)
+    # a resume appends to train.jsonl: only with the settings its records were generated with
+    generation = {"model": opts.model, "dtype": opts.dtype, "temperature": opts.temperature, "top_p": opts.top_p,
+                  "max_new_tokens": opts.max_new_tokens, "seed": opts.seed}
+    resuming = (out / "train.jsonl").is_file() and (out / "train.jsonl").stat().st_size > 0
+    if resuming:  # the cheap fields before the model loads, its weights' digest after
+        check(out / "train.provenance.json", {k: v for k, v in generation.items()}, f"{out / 'train.jsonl'}",
+              "resume with the same settings, or choose another --out", ignore=("target",))
     out.mkdir(parents=True, exist_ok=True)
     modules = list(opts.code_modules) if opts.code_modules is not None else None
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[opts.dtype]
@@ -193,6 +202,12 @@ def build_data(options: DataOptions | None = None, /, **overrides: Any) -> DataR
     sampling = (SamplingParams.greedy() if opts.temperature == 0
                 else SamplingParams(temperature=opts.temperature, top_p=opts.top_p))
     engine = Engine(target or load_target(opts.model, dtype, device=opts.device), None, seed=opts.seed)
+    generation["target"] = model_identity(engine.target.model)
+    if resuming:
+        check(out / "train.provenance.json", generation, f"{out / 'train.jsonl'}",
+              "resume with the same target, or choose another --out")
+    else:
+        record(out / "train.provenance.json", generation)
     meta = {"model": opts.model, "dtype": opts.dtype, "temperature": opts.temperature, "top_p": opts.top_p,
             "max_new_tokens": opts.max_new_tokens, "eval_fraction": opts.eval_fraction, "seed": opts.seed,
             "per_domain": opts.per_domain, "prompt_files": list(opts.prompts),

@@ -40,6 +40,7 @@ from dspark.drafters.loop import (
     block_round,
 )
 from dspark.drafters.vocab import DraftVocab, to_slots
+from dspark.fast.linear import inference_linear, packs
 from dspark.protocols.drafter import DraftContext
 from dspark.protocols.sequential_head import TargetBoundHead
 from dspark.types import DraftBlock
@@ -124,7 +125,9 @@ class _NeuralDrafter(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft-space logits [..., V_d] (V_d = V without a reduced vocabulary)."""
-        U = h.to(self._lm_head.dtype) @ self._lm_head.T
+        h = h.to(self._lm_head.dtype)
+        # a bf16 CPU product through the LM head packed once (dspark.fast.linear), else as written
+        U = inference_linear(h, self._lm_head) if packs(h, self._lm_head) else h @ self._lm_head.T
         return U if self.vocab_map is None else U + self.vocab_map.bias.to(U.dtype)
 
     # -- drafting: the one loop (dspark.drafters.loop) over this drafter's own modules ---------

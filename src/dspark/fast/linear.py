@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "can_pack", "fused"]
+__all__ = ["Linear", "can_pack", "fused", "inference_linear", "packs", "route_linears"]
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -52,3 +52,37 @@ class Linear(nn.Module):
         if self.packed is not None and not torch.compiler.is_compiling():
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`inference_linear` takes the packed route for these operands."""
+    return (not torch.is_grad_enabled() and not torch.compiler.is_compiling() and can_pack(weight)
+            and x.dtype == weight.dtype)
+
+
+def inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; where no gradient is recorded and :func:`can_pack`, through a
+    oneDNN-packed copy of ``weight`` made on first use and kept on the weight tensor itself (made
+    again whenever the weight changes in place: its version counter moves)."""
+    if not packs(x, weight):
+        return F.linear(x, weight, bias)
+    entry = getattr(weight, "_dspark_packed", None)
+    if entry is None or entry[0] != weight._version:
+        entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
+        weight._dspark_packed = entry
+    return torch.ops.mkldnn._linear_pointwise(x, entry[1], bias, "none", [], "")
+
+
+def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return inference_linear(x, self.weight, self.bias)
+
+
+def route_linears(module: nn.Module) -> int:
+    """Send every ``nn.Linear`` of ``module`` through :func:`inference_linear` (training, fp32 and
+    GPUs are unaffected: it falls back to ``F.linear`` there); returns how many."""
+    n = 0
+    for m in module.modules():
+        if type(m) is nn.Linear and "forward" not in m.__dict__:
+            m.forward = _routed_forward.__get__(m, nn.Linear)
+            n += 1
+    return n

@@ -115,6 +115,7 @@ class LlamaStep(nn.Module):
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.scale = self.head_dim ** -0.5
+        self.graph_capture: tuple[int, ...] = ()  # what a compiled graph of this step returns (FastTarget)
 
     def forward(
         self,

@@ -92,7 +92,6 @@ class FastTarget(HFTarget):
         self.path = path
         self.bucket = bucket if path == "compiled" else 1
         self._step, self._run = _shared_step(model, path, self._device)
-        self._graph_capture: tuple[int, ...] = ()
 
     def _new_store(self, capacity: int) -> _Request:
         store = super()._new_store(_round_up(capacity, self.bucket))
@@ -123,10 +122,12 @@ class FastTarget(HFTarget):
         if T == 0:  # a prefill: long prompts once per request, not worth a compiled graph per shape
             run = self._step
         elif run is not self._step:
-            # one graph for every capture set this target has used (an engine switches capture off
-            # in the rounds its draft gate skips): the union, each layer's state a few stores
-            self._graph_capture = tuple(sorted(set(self._graph_capture) | set(capture)))
-            asked = self._graph_capture
+            # one graph for every capture set used on this model (an engine switches capture off in
+            # the rounds its draft gate skips; a plain engine beside a drafting one captures
+            # nothing): the union, each extra layer's state a few stores instead of another compile
+            step = self._step
+            step.graph_capture = tuple(sorted(set(step.graph_capture) | set(capture)))
+            asked = step.graph_capture
         graphed = run is not self._step and dev.type == "cuda"
         if graphed:  # a CUDA graph's outputs live in its static buffers, overwritten by the next replay
             torch.compiler.cudagraph_mark_step_begin()
