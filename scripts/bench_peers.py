@@ -85,9 +85,12 @@ def export_hf_folder(model: Any, tokenizer: Any, folder: Path) -> Path:
     ``save_pretrained`` as is: its weights are copied into a fresh model of the same config)."""
     from transformers import AutoModelForCausalLM
 
-    config = model.config
-    config.architectures = [type(model).__name__]
-    fresh = AutoModelForCausalLM.from_config(config, torch_dtype=next(model.parameters()).dtype)
+    values = model.config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path", "_name_or_path"):
+        values.pop(key, None)  # the GGUF loader's: the copy holds plain tensors
+    values["architectures"] = [type(model).__name__]
+    config = type(model.config).from_dict(values)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=next(model.parameters()).dtype)
     fresh.load_state_dict(model.state_dict())
     fresh.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -115,8 +118,9 @@ def run_vllm(python: str, folder: Path, dtype: str, prompts: list[list[int]], n:
     for line in proc.stdout.splitlines():
         if line.startswith("VLLM_RESULT "):
             return json.loads(line.removeprefix("VLLM_RESULT "))
-    tail = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()][-1:] or ["no output"]
-    return {"error": f"vLLM exited with code {proc.returncode}: {tail[0][:300]}"}
+    lines = [x.strip() for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()]
+    errors = [x for x in lines if "Error" in x or "error:" in x] or lines[-1:] or ["no output"]
+    return {"error": f"vLLM exited with code {proc.returncode}: {errors[-1][:300]}"}
 
 
 def hf_runner(model: Any, pad_id: int, n: int):

@@ -466,22 +466,50 @@ def test_time_model_drafts_at_the_median_measured_at_each_request_count():
     assert TimeModel.from_dict(tm.to_dict()) == tm
 
 
+class VirtualTime:
+    """Seconds that pass only when told: every reading advances ``tick`` (the engine's own work),
+    a verification advances its modelled step time. Installed as ``time.perf_counter`` and as the
+    engines' clock, so the run's timings do not depend on the machine's speed or load."""
+
+    def __init__(self, tick: float = 2e-5) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
 class SleepTarget(HFTarget):
-    """A target whose verification takes a known time: 8 ms + 0.4 ms per padded token."""
+    """A target whose verification takes a known time, 8 ms + 0.4 ms per padded token, on a
+    :class:`VirtualTime` (or really, asleep, without one)."""
+
+    def __init__(self, model, clock: VirtualTime | None = None):
+        super().__init__(model)
+        self.clock = clock
 
     def verify(self, request_ids, tokens, lengths):
         t0 = time.perf_counter()
         out = super().verify(request_ids, tokens, lengths)
         B = len(request_ids) * (1 + int(lengths.max()))
-        time.sleep(max(0.0, 0.008 + 0.0004 * B - (time.perf_counter() - t0)))
+        if self.clock is not None:
+            self.clock.now = t0 + 0.008 + 0.0004 * B
+        else:
+            time.sleep(max(0.0, 0.008 + 0.0004 * B - (time.perf_counter() - t0)))
         return out
 
 
-def test_simulation_agrees_with_a_measured_run(model):
+def test_simulation_agrees_with_a_measured_run(model, monkeypatch):
     """Measured: the engine on a target of known step time. Simulated: traces recorded with every
     position verified, the profile measured by `dspark profile`'s code, the drafting/overhead times
-    fitted from the measured runs. Throughput must agree within 20 % for every scheduler."""
-    target = SleepTarget(model)
+    fitted from the measured runs. Throughput must agree within 10 % for every scheduler. Every
+    timing reads a virtual clock (a wall-clock comparison belongs in a benchmark: under load it
+    failed here with 92.4 simulated against 82.9 measured tok/s)."""
+    from dspark.engine import Engine
+
+    clock = VirtualTime()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setitem(Engine.__init__.__kwdefaults__, "clock", clock)
+    target = SleepTarget(model, clock)
     drafter = dspark.get_drafter("ngram", vocab_size=V, gamma=4)
     times = time_shapes(target, [1, 4], [1, 2, 3, 5], [32], repeats=2, progress=False)
     cm = dspark.get_cost_model("sps-table", profile=profile_from_shapes(
@@ -492,6 +520,7 @@ def test_simulation_agrees_with_a_measured_run(model):
     for c in (1, 4):
         for s in specs:
             engine = build_engine(target, drafter, s, cm, None, gate=False)
+            assert engine.clock is clock
             runs[s.label, c] = run_level(engine, PROMPTS, label=s.label, concurrency=c, num_requests=max(c, 3),
                                          sampling=GREEDY, max_new_tokens=24)
     traces = traces_from_rounds(collect_rounds(target, drafter, prompts, GREEDY, max_new_tokens=24,

@@ -432,3 +432,38 @@ def test_the_engine_takes_the_drafters_own_confidence_model(model, tmp_path):
         Engine(target, loaded, calibrator=dspark.get_calibrator("sts", temperatures=[2.0] * d.gamma))
     Engine(target, loaded, calibrator=dspark.get_calibrator("sts", temperatures=[2.0] * d.gamma),
            confidence_model="draft-head")
+
+
+def test_an_error_inside_generate_leaves_no_request_behind(model):
+    """A failure mid-generation (here the target's forward) takes this call's requests out of the
+    engine and the target: the next call, and a new engine on the same target, start clean;
+    ``while engine.active: engine.step()`` ends once every request has finished."""
+    target = HFTarget(model)
+    engine = Engine(target, drafter_for(target, "dflash"), scheduler=dspark.get_scheduler("full"), cost_model=FLAT,
+                    clock=TickClock())
+    real, calls = target.verify, []
+
+    def failing(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device lost")
+        return real(*args, **kw)
+
+    target.verify = failing
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    with pytest.raises(RuntimeError, match="device lost"):
+        engine.generate(prompts, SamplingParams.greedy(), max_new_tokens=8, progress=False)
+    assert engine.active == [] and target.request_ids == ()
+    target.verify = real
+    again = engine.generate(prompts, SamplingParams.greedy(), max_new_tokens=8, progress=False)
+    assert [c.output_ids for c in again] == [greedy_decode(model, p, 8) for p in prompts]
+    fresh = Engine(target, None, cost_model=FLAT, clock=TickClock())
+    assert fresh.generate(prompts[:1], SamplingParams.greedy(), max_new_tokens=4, progress=False)[0].output_ids == \
+        greedy_decode(model, prompts[0], 4)
+    rid = engine.add_request(prompts[0], SamplingParams.greedy(), max_new_tokens=3)
+    steps = 0
+    while engine.active:
+        engine.step()
+        steps += 1
+        assert steps < 10, "engine.active counted a finished request"
+    assert [c.request_id for c in engine.pop_finished()] == [rid]

@@ -276,3 +276,51 @@ def test_convert_overwrite_replaces_a_folder_dspark_wrote(tmp_path):
     formats.convert(rf.folder("deepspec-dspark-vanilla"), "speculators", out, overwrite=True)
     assert _bytes(out) == _bytes(rf.folder("speculators-dspark"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary or old folder left beside it
+
+
+def _edited(tmp_path, name, *, config=None, weights=None):
+    folder = tmp_path / "edited"
+    shutil.copytree(rf.folder(name), folder)
+    if config:
+        cfg = json.loads((folder / "config.json").read_text())
+        config(cfg)
+        (folder / "config.json").write_text(json.dumps(cfg))
+    if weights:
+        state = load_file(str(folder / "model.safetensors"))
+        weights(state)
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def _first_layer_key(state):
+    return next(k for k in sorted(state) if k.endswith(".weight") and "layers" in k)
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing", "is missing for this"),
+    ("extra", "is not a weight of this"),
+    ("int32", "holds int32, not floats"),
+    ("huge", "needs"),
+])
+def test_convert_refuses_a_checkpoint_that_contradicts_its_config(tmp_path, case, match):
+    """Checked tensor by tensor against the config before anything is written; a hostile size in
+    config.json is checked on the meta device (nothing allocated), so it fails at once."""
+    def missing(st):
+        st.pop(_first_layer_key(st))
+
+    def extra(st):
+        st["model.stray.weight"] = torch.zeros(2, 2)
+
+    def int32(st):
+        k = _first_layer_key(st)
+        st[k] = st[k].to(torch.int32)
+
+    def huge(cfg):
+        cfg["intermediate_size"] = 10**9
+
+    edits = {"missing": dict(weights=missing), "extra": dict(weights=extra), "int32": dict(weights=int32),
+             "huge": dict(config=huge)}
+    src = _edited(tmp_path, "deepspec-dflash", **edits[case])
+    with pytest.raises(CheckpointError, match=match):  # a 10⁹ size allocated would take minutes and GBs
+        formats.convert(src, "speculators", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

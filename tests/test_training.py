@@ -283,6 +283,21 @@ def test_resume_refuses_a_corrupt_or_foreign_state(model, tmp_path):
     with pytest.raises(ValueError, match="another drafter config"):
         Trainer(make(model, "eagle3", seqs), TrainData(seqs, pls, model=model, teacher="topk", top_k=8),
                 TrainConfig.for_kind("eagle3", steps=2), tmp_path, progress=False).resume()
+    key = next(iter(torch.load(tmp_path / "state.pt", weights_only=True)["model"]))
+    (tmp_path / "bad").mkdir()
+    for broken, match in ((lambda st: st.pop("model"), "no 'model' entry"),
+                          (lambda st: st.update(step="abc"), "step 'abc' is not a non-negative integer"),
+                          (lambda st: st["model"].update({key: torch.zeros(3)}), f"{key} has shape \\(3,\\)"),
+                          (lambda st: st["model"].pop(key), "weights missing")):
+        st = torch.load(tmp_path / "state.pt", weights_only=True)
+        broken(st)
+        torch.save(st, tmp_path / "bad" / "state.pt")
+        trainer = Trainer(make(model, "dflash", seqs), data, cfg, tmp_path / "bad", progress=False)
+        before = {k: v.clone() for k, v in trainer.drafter.state_dict().items()}
+        with pytest.raises(ValueError, match=match) as err:
+            trainer.resume()
+        assert "move it away" in str(err.value) and "\n" not in str(err.value)
+        assert all(torch.equal(v, trainer.drafter.state_dict()[k]) for k, v in before.items())  # nothing applied
     (tmp_path / "state.pt").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="corrupt"):
         Trainer(make(model, "dflash", seqs), data, cfg, tmp_path, progress=False).resume()

@@ -498,8 +498,9 @@ def _profile(args: argparse.Namespace) -> int:
 
     if args.drafter:
         from dspark.checkpoints import resolve_checkpoint
+        from dspark.drafters.prune import parse_drafter_ref
 
-        resolve_checkpoint(args.drafter)  # a misspelled name or folder fails before the model load
+        resolve_checkpoint(parse_drafter_ref(args.drafter)[0])  # a misspelled name fails before the model load
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.model, getattr(torch, args.dtype), device=args.device, path=args.step)
@@ -775,6 +776,7 @@ def _export(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dspark", description="Confidence-scheduled speculative decoding.")
     parser.add_argument("--version", action="version", version=f"dspark {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (add_args, fn) in COMMANDS.items():
         p = sub.add_parser(name)
@@ -783,18 +785,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a user can fix (exit 2) and what the environment must (exit 3): a missing optional package,
+# a full disk, a device that failed. Anything else is reported as unexpected, still in one line.
+_USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, FileNotFoundError,
+                                                 IsADirectoryError, NotADirectoryError, FileExistsError)
+_ENVIRONMENT_ERRORS: tuple[type[BaseException], ...] = (ImportError, OSError, MemoryError, RuntimeError)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    first = next((x.strip() for x in text.splitlines() if x.strip()), "")
+    return first or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from dspark.plugins import PluginError
 
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except (PluginError, ValueError, OSError, ImportError) as exc:
-        print(f"dspark {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
     except KeyboardInterrupt:
         print(f"dspark {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dspark plugins --json | head`: the reader left, nothing is wrong
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the interpreter flushes stdout at exit
+        except OSError:
+            pass
+        return 0
+    except Exception as exc:
+        if args.debug:
+            raise
+        if isinstance(exc, (PluginError, *_USER_ERRORS)):
+            code, what = 2, "error"
+        elif isinstance(exc, _ENVIRONMENT_ERRORS):
+            code, what = 3, "error"
+        else:
+            code, what = 3, f"unexpected error ({type(exc).__name__})"
+        hint = "" if code == 2 else " (--debug shows the traceback)"
+        print(f"dspark {args.command}: {what}: {_one_line(exc)}{hint}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -269,7 +269,9 @@ class Engine:
 
     @property
     def active(self) -> list[str]:
-        return list(self._requests)
+        """The requests still running (finished ones awaiting ``pop_finished`` are not), so that
+        ``while engine.active: engine.step()`` ends."""
+        return [rid for rid, r in self._requests.items() if r.finished is None]
 
     def _features(self, out: Any) -> torch.Tensor | None:
         """The captured hidden states of every output row, concatenated over the drafter's layers:
@@ -471,8 +473,20 @@ class Engine:
                 self._requests.pop(rid, None)
             raise
         total = len(rids) * max_new_tokens
-        with tqdm(total=total, desc="generating", unit="tok", disable=not progress, leave=False) as bar:
-            for o in self.stream():
-                bar.update(len(o.new_tokens))
+        try:
+            with tqdm(total=total, desc="generating", unit="tok", disable=not progress, leave=False) as bar:
+                for o in self.stream():
+                    bar.update(len(o.new_tokens))
+        except BaseException:  # this call's requests leave the engine and the target with the error
+            for rid in rids:
+                req = self._requests.pop(rid, None)
+                if req is not None and req.finished is None:
+                    for part in (self.target, self.drafter):
+                        try:
+                            if part is not None:
+                                part.release(rid)
+                        except KeyError:  # it never reached this part
+                            pass
+            raise
         done = {c.request_id: c for c in self.pop_finished()}
         return [done[rid] for rid in rids]

@@ -318,8 +318,13 @@ def calibrate(options: CalibrateOptions | None = None, /, **overrides: Any) -> C
     if opts.reuse_rounds:  # refit on the rounds a previous run collected
         import json
 
-        saved = json.loads(rounds_path.read_text())
-        fit_r, test_r = Rounds.from_dict(saved["fit"]), Rounds.from_dict(saved["test"])
+        try:
+            saved = json.loads(rounds_path.read_text())
+            fit_r, test_r = Rounds.from_dict(saved["fit"]), Rounds.from_dict(saved["test"])
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            what = f"no {exc.args[0]!r} entry" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+            raise ValueError(f"--reuse-rounds: {rounds_path} is not a calibration rounds file written by "
+                             f"`dspark calibrate` ({what}); run without --reuse-rounds to decode again") from None
         label = saved.get("drafter", opts.checkpoint)
         n_fit_p, n_test_p = saved.get("fit_prompts"), saved.get("test_prompts")
     else:

@@ -75,6 +75,11 @@ def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None, device: Any = None) -
         elif p.is_dir():
             if not (p / "config.json").is_file():
                 raise FileNotFoundError(f"{p} is not an HF model folder (no config.json)")
+            if not any(p.glob("*.safetensors")):
+                pickles = sorted(x.name for x in p.glob("*.bin")) + sorted(x.name for x in p.glob("*.pt*"))
+                raise ValueError(f"{p} holds no .safetensors weights" + (
+                    f" (only {', '.join(pickles[:3])}: pickle files, which dspark does not load; save the model "
+                    "with save_pretrained(safe_serialization=True))" if pickles else ""))
             folder, kwargs = str(p), {}
         else:
             raise FileNotFoundError(

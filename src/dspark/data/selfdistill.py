@@ -50,24 +50,31 @@ class Record:
         return out
 
 
-def read_records(path: str | Path) -> list[Record]:
-    """Every record of a data file, with errors naming the file and line."""
+def read_records(path: str | Path, vocab_size: int | None = None) -> list[Record]:
+    """Every record of a data file, with errors naming the file and line (token ids checked
+    against ``vocab_size`` when given)."""
     from dspark.data.prompts import jsonl_lines
 
     out = []
     for lineno, line in jsonl_lines(path, f"training data {path} does not exist (build it with `dspark data`)"):
         try:
             row = json.loads(line)
+            if not isinstance(row, dict):
+                raise TypeError(f"a JSON {type(row).__name__}, not an object")
             msgs = row.get("messages")
             rec = Record(row["key"], row["domain"], row["prompt"], tuple(row["prompt_ids"]),
                          tuple(row["response_ids"]), row.get("finish_reason"), float(row.get("temperature", 0.0)),
                          tuple((m["role"], m["content"]) for m in msgs) if msgs else None)
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             if lineno > 1 and not line.endswith("\n"):
                 break  # a torn last line from an interrupted run: ignore it
-            raise ValueError(f"{path}:{lineno}: not a dspark data record ({exc!r})") from None
-        if not rec.prompt_ids or not all(isinstance(t, int) for t in rec.ids):
+            what = f"field {exc.args[0]!r} is missing" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
+            raise ValueError(f"{path}:{lineno}: not a dspark data record ({what})") from None
+        if not rec.prompt_ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in rec.ids):
             raise ValueError(f"{path}:{lineno}: prompt_ids/response_ids must be non-empty integer lists")
+        if vocab_size is not None and not all(0 <= t < vocab_size for t in rec.ids):
+            bad = next(t for t in rec.ids if not 0 <= t < vocab_size)
+            raise ValueError(f"{path}:{lineno}: token id {bad} is outside the target's vocabulary [0, {vocab_size})")
         out.append(rec)
     return out
 

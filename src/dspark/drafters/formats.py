@@ -424,20 +424,51 @@ def _check_verifier(p: Portable, target: Any) -> DrafterConfig:
     return config
 
 
+def check_tensors(p: Portable, where: Path, *, complete: bool = True) -> None:
+    """Every tensor of ``p`` against its config, on a module built on the meta device (no memory, so
+    a hostile size in config.json costs nothing): shapes, floating dtypes and, with ``complete``,
+    no key missing and none unexpected (the target's embedding / LM head and a mask placeholder may
+    be there or not). One sentence naming the key, as the checkpoint names it."""
+    from dspark.drafters.neural import build_drafter
+
+    config = p.config
+    try:
+        with torch.device("meta"):
+            ghost = build_drafter(config)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise FormatError(f"{where}: the config does not describe a {config.kind} drafter: {exc}") from None
+    expected = to_reference_keys(config.kind, ghost.state_dict())
+
+    def own(key: str) -> str:  # the name the checkpoint itself uses
+        return key if p.source_format != "dspark" else next(iter(from_reference_keys(config.kind, {key: None})))
+
+    for key, want in expected.items():
+        got = p.weights.get(key)
+        if got is None:
+            if complete:
+                raise FormatError(f"{where}: {own(key)} is missing for this {config.kind} config")
+            continue
+        if tuple(got.shape) != tuple(want.shape):
+            raise FormatError(f"{where}: {own(key)} has shape {tuple(got.shape)}, but this "
+                              f"{config.kind} config needs {tuple(want.shape)}")
+        if want.is_floating_point() and not got.is_floating_point():
+            raise FormatError(f"{where}: {own(key)} holds {str(got.dtype).removeprefix('torch.')}, not floats")
+    if complete:
+        optional = {*TARGET_KEYS, "mask_embedding"}
+        extra = sorted(k for k in p.weights if k not in expected and k not in optional)
+        if extra:
+            raise FormatError(f"{where}: {own(extra[0])} is not a weight of this {config.kind} config"
+                              + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+
+
 def build(p: Portable, target: Any = None) -> Any:
     """A drafter module from a Portable (checked against and bound to ``target`` when given)."""
     from dspark.drafters.neural import build_drafter
 
     config = _check_verifier(p, target) if target is not None else p.config
-    drafter = build_drafter(config)
     where = p.path / WEIGHTS_NAME if p.path is not None else Path(f"<{p.source_format} checkpoint>")
-    expected = to_reference_keys(config.kind, drafter.state_dict())
-    for key, want in expected.items():  # shapes under the checkpoint's own key names
-        got = p.weights.get(key)
-        if got is not None and tuple(got.shape) != tuple(want.shape):
-            own_key = key if p.source_format != "dspark" else next(iter(from_reference_keys(config.kind, {key: got})))
-            raise FormatError(f"{where}: {own_key} has shape {tuple(got.shape)}, but this "
-                              f"{config.kind} config needs {tuple(want.shape)}")
+    check_tensors(evolve(p, config=config), where, complete=False)  # before allocating anything
+    drafter = build_drafter(config)
     state = from_reference_keys(config.kind, {k: v for k, v in p.weights.items() if k not in TARGET_KEYS})
     if config.mask_token_id is not None:
         state.pop("mask_embedding", None)  # vLLM's loader skips this placeholder too
@@ -604,6 +635,7 @@ def write(p: Portable, fmt: str, out: str | Path, *, overwrite: bool = False,
         out = check_replaceable(out, overwrite=overwrite, sources=sources)
     except OutputError as err:
         raise FormatError(str(err)) from None
+    check_tensors(p, p.path / WEIGHTS_NAME if p.path is not None else Path(f"<{p.source_format} checkpoint>"))
     tmp = build_beside(out)
     try:
         if fmt == "dspark":

@@ -183,9 +183,10 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
     import torch
 
     from dspark.drafters.kinds import drafter_kind
-    from dspark.export.exporter import export_onnx
+    from dspark.export.exporter import check_opset, export_onnx
     from dspark.export.manifest import ExportError
 
+    check_opset(args.opset)  # before the target loads
     n_graphs = len(drafter_kind(str(cfg.get("kind"))).graph_names(cfg))
     total = (2 + n_graphs * (1 + len(precisions)) + bool(args.validate)
              + (n_graphs + bool(args.validate) if args.trt else 0))

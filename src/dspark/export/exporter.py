@@ -176,6 +176,30 @@ def _norm_scopes(module: torch.nn.Module, model: Any) -> list[str]:
     return sorted(found)
 
 
+def check_opset(opset: int) -> None:
+    """An :class:`ExportError` in one sentence for an opset the graphs or the exporter cannot use."""
+    if opset < 17:
+        raise ExportError(f"opset {opset} is too old: the graphs need opset 17 or newer")
+    newest = _newest_opset()
+    if newest is not None and opset > newest:
+        raise ExportError(f"opset {opset} is newer than the exporter here knows (up to {newest}); choose 17..{newest}")
+
+
+def _newest_opset() -> int | None:
+    """The newest ONNX opset torch's exporter can write here (None: onnx is not installed)."""
+    try:
+        import onnx
+    except ImportError:
+        return None
+    newest = onnx.defs.onnx_opset_version()
+    try:
+        from torch.onnx._constants import ONNX_MAX_OPSET  # the TorchScript exporter's own ceiling
+        newest = min(newest, ONNX_MAX_OPSET)
+    except ImportError:
+        pass
+    return newest
+
+
 def _export_one(spec: GraphSpec, out: Path, opset: int, external_data: bool | None,
                 precision: str = "fp32") -> dict[str, Any]:
     onnx = _require_onnx()
@@ -266,8 +290,7 @@ def export_onnx(
     manifest's ``graph_variants``; strongly typed TensorRT builds (TensorRT 11) need them.
     """
     _require_onnx()
-    if opset < 17:
-        raise ExportError(f"opset {opset} is too old: the graphs need opset 17 or newer")
+    check_opset(opset)
     unknown = [p for p in precisions if p not in REDUCED_PRECISIONS]
     if unknown:
         raise ExportError(f"unknown graph precision {unknown[0]!r}: choose from {', '.join(REDUCED_PRECISIONS)}")

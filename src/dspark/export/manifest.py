@@ -92,13 +92,47 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ExportError(f"{path} is not valid JSON ({exc})") from None
-    if manifest.get("format") != FORMAT:
-        raise ExportError(f"{path} is not a dspark export manifest (format {manifest.get('format')!r})")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ExportError(f"{path} is not a dspark export manifest (format {got!r})")
     if manifest.get("format_version", 0) > FORMAT_VERSION:
         raise ExportError(
             f"{path} has format version {manifest['format_version']}; this dspark reads up to {FORMAT_VERSION}"
         )
+    _check_entries(path, "graphs", manifest.get("graphs"), required=True)
+    _check_entries(path, "engines", manifest.get("engines"))
+    variants = manifest.get("graph_variants")
+    if variants is not None:
+        if not isinstance(variants, dict):
+            raise ExportError(f"{path}: graph_variants must be an object of precision → graphs")
+        for precision, entries in variants.items():
+            _check_entries(path, f"graph_variants.{precision}", entries, required=True)
     return manifest
+
+
+def _plain_name(rel: Any) -> bool:
+    """A file name inside the export folder: no folder part, no '..', not absolute."""
+    return isinstance(rel, str) and rel not in ("", ".", "..") and Path(rel).name == rel and "\\" not in rel
+
+
+def _check_entries(path: Path, field: str, entries: Any, *, required: bool = False) -> None:
+    """Every entry of a manifest section names a plain file of the export folder and its sha256:
+    a hand-edited or hostile manifest is one sentence, never a traceback or a path outside."""
+    if entries is None and not required:
+        return
+    if not isinstance(entries, dict):
+        raise ExportError(f"{path}: {field} must be an object of name → entry, got {type(entries).__name__}")
+    for name, entry in entries.items():
+        where = f"{path}: {field}.{name}"
+        if not isinstance(entry, dict):
+            raise ExportError(f"{where} must be an object with 'file' and 'sha256'")
+        if not _plain_name(entry.get("file")):
+            raise ExportError(f"{where}.file must be a file name inside the export folder, got {entry.get('file')!r}")
+        if not isinstance(entry.get("sha256"), str):
+            raise ExportError(f"{where} has no sha256")
+        extra = entry.get("external_data", {})
+        if not isinstance(extra, dict) or not all(_plain_name(k) and isinstance(v, str) for k, v in extra.items()):
+            raise ExportError(f"{where}.external_data must map file names inside the export folder to sha256s")
 
 
 def graph_entries(manifest: dict[str, Any], precision: str = "fp32") -> dict[str, Any]:

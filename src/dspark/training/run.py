@@ -209,6 +209,12 @@ def _train(opts: TrainOptions, rank: int, world: int) -> TrainResult:
     torch.manual_seed(opts.seed)
     seqs, pls = load_training_sequences(opts.data, opts.max_seq_len)  # bad data fails before the model loads
     model, _ = load_causal_lm(opts.model, torch.float32)
+    vocab = int(model.config.vocab_size)
+    if any(t >= vocab for s in seqs for t in s):  # ids another target wrote: named by file and line
+        from dspark.data.selfdistill import read_records
+
+        p = Path(opts.data)
+        read_records(p / "train.jsonl" if p.is_dir() else p, vocab_size=vocab)
     for p in model.parameters():
         p.requires_grad_(False)
     config: dict[str, Any] = {"gamma": opts.gamma, "num_layers": opts.num_layers}

@@ -296,12 +296,45 @@ class Trainer:
             raise ValueError(f"{self.state_path} is not a dspark training state; move it away to start over")
         if st.get("drafter_config") != self.drafter.config.to_dict():
             raise ValueError(f"{self.state_path} was written for another drafter config; use another --out")
-        if st.get("config", {}).get("seed") != self.cfg.seed:
-            raise ValueError(f"{self.state_path} used seed {st['config'].get('seed')}, not {self.cfg.seed}")
+        config = st.get("config") if isinstance(st.get("config"), dict) else {}
+        if config.get("seed") != self.cfg.seed:
+            raise ValueError(f"{self.state_path} used seed {config.get('seed')}, not {self.cfg.seed}")
+        bad = self._state_problem(st)
+        if bad:
+            raise ValueError(f"{self.state_path} is not a usable dspark training state ({bad}); move it away "
+                             "to start over")
         self.drafter.load_state_dict(st["model"])
-        self.opt.load_state_dict(st["optim"])
+        try:
+            self.opt.load_state_dict(st["optim"])
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise ValueError(f"{self.state_path}: its optimizer state does not fit this drafter "
+                             f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); move it away "
+                             "to start over") from None
         self.step, self.log = int(st["step"]), list(st["log"])
         return True
+
+    def _state_problem(self, st: dict[str, Any]) -> str | None:
+        """What makes a loaded state unusable, in a few words (None: nothing), checked before any
+        of it is applied so a bad file changes nothing."""
+        for key in ("model", "optim", "step", "log"):
+            if key not in st:
+                return f"no {key!r} entry"
+        model, own = st["model"], self.drafter.state_dict()
+        if not isinstance(model, dict):
+            return "its 'model' entry is not a state dict"
+        if set(model) != set(own):
+            missing, extra = sorted(set(own) - set(model)), sorted(set(model) - set(own))
+            return f"weights missing {missing[:3]} / unexpected {extra[:3]}"
+        for k, v in model.items():
+            if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(own[k].shape):
+                got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                return f"{k} has shape {got}, this drafter needs {tuple(own[k].shape)}"
+        step = st["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            return f"step {step!r} is not a non-negative integer"
+        if not isinstance(st["log"], list):
+            return "its 'log' entry is not a list"
+        return None
 
     # -- batches ----------------------------------------------------------------------------
     def _batch(self, idx: list[int], slots: list[int]) -> Batch:

@@ -1,0 +1,115 @@
+"""Bad input gets one sentence and exit code 2 (user) or 3 (environment), never a traceback and
+never a file outside the folder it names (issue: trust with the user's files and runs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dspark.cli import main as cli_main
+from dspark.export.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, ExportError, read_manifest
+
+
+def _manifest(tmp_path, **fields):
+    body = {"format": FORMAT, "format_version": FORMAT_VERSION,
+            "graphs": {"backbone": {"file": "backbone.onnx", "sha256": "0" * 64}}, **fields}
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(body))
+    return tmp_path
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"graphs": [{"file": "backbone.onnx"}]}, "graphs must be an object"),
+    ({"graphs": {"backbone": {"sha256": "0"}}}, "backbone.file must be a file name"),
+    ({"graphs": {"backbone": {"file": "../../../etc/passwd", "sha256": "0"}}}, "inside the export folder"),
+    ({"graphs": {"backbone": {"file": "/etc/passwd", "sha256": "0"}}}, "inside the export folder"),
+    ({"graphs": {"backbone": {"file": "b.onnx"}}}, "has no sha256"),
+    ({"graphs": {"backbone": {"file": "b.onnx", "sha256": "0", "external_data": {"../x": "0"}}}}, "external_data"),
+    ({"engines": {"backbone": {"file": "sub/b.plan", "sha256": "0"}}}, "engines.backbone.file"),
+    ({"graph_variants": ["fp16"]}, "graph_variants must be an object"),
+])
+def test_a_hostile_manifest_is_one_sentence(tmp_path, fields, match):
+    with pytest.raises(ExportError, match=match) as err:
+        read_manifest(_manifest(tmp_path, **fields))
+    assert "\n" not in str(err.value)
+    read_manifest(_manifest(tmp_path))  # the well-formed one reads
+
+
+def test_a_manifest_that_is_not_an_object(tmp_path):
+    (tmp_path / MANIFEST_NAME).write_text("[1, 2]")
+    with pytest.raises(ExportError, match="not a dspark export manifest"):
+        read_manifest(tmp_path)
+
+
+def test_an_opset_the_exporter_cannot_write_is_refused_before_any_load():
+    from dspark.export.exporter import check_opset
+
+    with pytest.raises(ExportError, match="opset 999 is newer than the exporter here knows"):
+        check_opset(999)
+    with pytest.raises(ExportError, match="too old"):
+        check_opset(9)
+    check_opset(17)
+
+
+def test_cli_errors_are_one_line_with_their_exit_code(tmp_path, capsys):
+    """A user's mistake: 2. With --debug the traceback is shown (the exception propagates)."""
+    missing = str(tmp_path / "nope")
+    assert cli_main(["convert", missing, str(tmp_path / "out"), "--to", "speculators"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dspark convert: error:") and err.count("\n") == 1
+    with pytest.raises(Exception):  # noqa: B017 - whatever the library raised, unwrapped
+        cli_main(["--debug", "convert", missing, str(tmp_path / "out"), "--to", "speculators"])
+
+
+def test_a_closed_pipe_is_not_an_error():
+    """`dspark plugins --json | head -1`: the reader leaves early; no BrokenPipe trace, exit 0."""
+    proc = subprocess.run(f"{sys.executable} -m dspark plugins --json | head -1", shell=True,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[" and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+@pytest.mark.parametrize("line, match", [
+    ('[1, 2, 3]', r"train.jsonl:2: not a dspark data record \(a JSON list, not an object\)"),
+    ('{"key": "k", "domain": "chat", "prompt": "p", "prompt_ids": [1], "response_ids": [2, 3], "temperature": "hot"}',
+     r"train.jsonl:2: not a dspark data record \(could not convert string to float: 'hot'\)"),
+    ('{"key": "k", "domain": "chat", "prompt": "p", "response_ids": [2, 3]}',
+     r"train.jsonl:2: not a dspark data record \(field 'prompt_ids' is missing\)"),
+])
+def test_a_bad_training_record_names_its_file_and_line(tmp_path, line, match):
+    from dspark.data.selfdistill import read_records
+
+    good = '{"key": "a", "domain": "chat", "prompt": "p", "prompt_ids": [1, 2], "response_ids": [3, 4]}'
+    path = tmp_path / "train.jsonl"
+    path.write_text(good + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=match):
+        read_records(path)
+
+
+def test_token_ids_outside_the_vocabulary_name_the_line(tmp_path):
+    from dspark.data.selfdistill import read_records
+
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"key": "a", "domain": "chat", "prompt": "p", "prompt_ids": [1, 2], "response_ids": [3, 99]}\n')
+    assert len(read_records(path)) == 1  # no vocabulary given: the structure only
+    with pytest.raises(ValueError, match=r"train.jsonl:1: token id 99 is outside the target's vocabulary \[0, 32\)"):
+        read_records(path, vocab_size=32)
+
+
+@pytest.mark.parametrize("body", ["not json", "[1]", '{"fit": {}}', '{"fit": [1], "test": 2}'])
+def test_calibrate_reuse_rounds_on_a_malformed_file_is_one_sentence(tmp_path, body):
+    import dspark
+
+    (tmp_path / "calibration_rounds.json").write_text(body)
+    with pytest.raises(ValueError, match=r"--reuse-rounds: .* is not a calibration rounds file .*run without"):
+        dspark.calibrate(checkpoint="dspark-5l-xl", out=tmp_path, reuse_rounds=True, quiet=True)
+
+
+def test_an_hf_folder_with_only_pickle_weights_is_refused_before_loading(tmp_path):
+    from dspark.models import load_causal_lm
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")
+    with pytest.raises(ValueError, match=r"holds no .safetensors weights \(only pytorch_model.bin: pickle files"):
+        load_causal_lm(str(tmp_path))
