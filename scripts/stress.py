@@ -230,7 +230,9 @@ def drive(engine: Any, jobs: Sequence[Job], concurrency: int, *, join_burst: int
             run.streamed[o.request_id].extend(o.new_tokens)
             if o.finished:
                 ended[o.request_id] = o.finished
-        for rid in list(engine.active):
+        # every request the engine still holds: running, or finished this round and not yet
+        # collected (aborting one of those must change nothing)
+        for rid in [r for r in joined_at if r not in run.completions]:
             job = job_of[rid]
             if job.abort_after is None or run.steps - joined_at[rid] != job.abort_after:
                 continue

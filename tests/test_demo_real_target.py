@@ -58,15 +58,18 @@ def test_demo_cli_end_to_end(tmp_path, capsys):
     assert sp["speedup_vs_best_plain"] > 0 and sp["mean_tau"] >= 1.0
     choice = result["dtype_choice"]
     assert set(choice["profile_step_seconds"]) == {str(q) for q in range(1, result["gamma"] + 2)}
-    assert set(choice["plain_step_seconds"]) == {"float32", "bfloat16"}
-    # the speculative engine's dtype wins the race on expected speculative speed; plain decoding
-    # (the baseline) runs in the dtype of the faster plain step
+    configs = {f"{d}/{p}" for d in ("float32", "bfloat16") for p in ("eager", "packed")}
+    assert set(choice["plain_step_seconds"]) == configs
+    # the speculative engine's dtype × step path wins the race on expected speculative speed; plain
+    # decoding (the baseline) runs in the configuration of the fastest plain step
     rated = choice["speculative"]
-    assert set(rated) == {"float32", "bfloat16"}
-    assert choice["dtype"] == max(rated, key=lambda d: rated[d]["tokens_per_second"])
-    assert sp["plain_dtype"] == min(choice["plain_step_seconds"], key=choice["plain_step_seconds"].get)
-    assert sp["dtype"] == choice["dtype"] and sp["draft_gate"] is True
-    assert sp["gate_prior"]["draft_overhead"] == {"1": rated[choice["dtype"]]["overhead_seconds"]}
+    assert set(rated) == configs
+    best = max(rated, key=lambda d: rated[d]["tokens_per_second"])
+    assert f"{choice['dtype']}/{choice['path']}" == best == f"{sp['dtype']}/{sp['step']}"
+    plain = min(choice["plain_step_seconds"], key=choice["plain_step_seconds"].get)
+    assert f"{sp['plain_dtype']}/{sp['plain_step']}" == plain
+    assert sp["draft_gate"] is True
+    assert sp["gate_prior"]["draft_overhead"] == {"1": rated[best]["overhead_seconds"]}
     assert result["machine"]["threads"] >= 1 and result["machine"]["cpu"]
     text = (tmp_path / "demo.md").read_text()
     assert "Speed-up over the best plain decode" in text and "| NO |" not in text

@@ -365,7 +365,8 @@ def _markdown(r: dict) -> str:
         + (f"; target and drafter on **{r['device']}**." if r.get("device_type", "cpu") != "cpu" else "."),
         "",
         f"**Speed-up over the best plain decode: {sp['speedup_vs_best_plain']:.2f}×** "
-        f"({sp['dtype']}, plain decoding in {sp.get('plain_dtype', sp['dtype'])}, concurrency 1, {sp['prompts']} held-out prompts of {sp.get('prompt_file', 'eval_prompts.jsonl')} "
+        f"({sp['dtype']} {sp.get('step', 'eager')} step, plain decoding in {sp.get('plain_dtype', sp['dtype'])} "
+        f"{sp.get('plain_step', 'eager')}, concurrency 1, {sp['prompts']} held-out prompts of {sp.get('prompt_file', 'eval_prompts.jsonl')} "
         f"× {sp['repeats']} repeats, median of summed "
         f"wall-clock times normalised to {r['max_new_tokens']} tokens; scheduler `{sp.get('scheduler', 'sps-greedy')}`; "
         f"mean τ {sp['mean_tau']:.2f}; draft gate "
