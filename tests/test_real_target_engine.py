@@ -158,7 +158,9 @@ def test_generate_cli_bad_input_is_one_line(capsys):
                           (["generate", "hi", "--calibrator", "/missing.json"],
                            "calibrator file /missing.json does not exist"),
                           (["generate", "hi", "--calibrator", "stss"], "unknown calibrator 'stss'"),
-                          (["generate", "hi", "--scheduler", "sps-gredy"], "unknown scheduler 'sps-gredy'")):
+                          (["generate", "hi", "--scheduler", "sps-gredy"], "unknown scheduler 'sps-gredy'"),
+                          (["generate", "hi", "--drafter", "dspark", "--checkpoint", "/nonexistent"],
+                           "/nonexistent is neither a drafter checkpoint folder")):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and "target step " not in err and "Traceback" not in err, err

@@ -197,6 +197,11 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError(f"calibrator file {args.calibrator} does not exist")
     if not looks_like_file:
         lookup("calibrators", args.calibrator)
+    if args.checkpoint:  # a missing checkpoint fails here, not after the model load and the race
+        from dspark.checkpoints import resolve_checkpoint
+        from dspark.drafters.prune import parse_drafter_ref
+
+        resolve_checkpoint(parse_drafter_ref(args.checkpoint)[0])
     if args.checkpoint and args.gamma is not None:
         raise ValueError("--gamma cannot be combined with --checkpoint: the checkpoint fixes its block size γ")
     gamma = 7 if args.gamma is None else args.gamma
