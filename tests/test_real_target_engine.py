@@ -159,6 +159,8 @@ def test_generate_cli_bad_input_is_one_line(capsys):
                            "calibrator file /missing.json does not exist"),
                           (["generate", "hi", "--calibrator", "stss"], "unknown calibrator 'stss'"),
                           (["generate", "hi", "--scheduler", "sps-gredy"], "unknown scheduler 'sps-gredy'"),
+                          (["generate", "hi", "--scheduler", "sps-argmax"], "scheduler 'sps-argmax' is not lossless"),
+                          (["generate", "hi", "--max-new-tokens", "-5"], "--max-new-tokens must be at least 1, got -5"),
                           (["generate", "hi", "--drafter", "dspark", "--checkpoint", "/nonexistent"],
                            "/nonexistent is neither a drafter checkpoint folder")):
         assert main(argv) == 2, argv

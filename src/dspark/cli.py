@@ -185,12 +185,21 @@ def _generate(args: argparse.Namespace) -> int:
 
     params = dspark.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     # everything that can be checked without the model is checked before its load
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     empty = [i + 1 for i, p in enumerate(args.prompts) if not p.strip()]
     if empty:
         raise ValueError(f"prompt {', '.join(map(str, empty))} is empty")
     if args.drafter != "none":
         lookup("drafters", args.drafter)  # a misspelled name fails before the model load
-    lookup("schedulers", args.scheduler)
+    import warnings
+
+    with warnings.catch_warnings():  # a lossy scheduler warns as it is built: refused below instead
+        warnings.simplefilter("ignore")
+        scheduler = dspark.get_scheduler(args.scheduler)
+    if not getattr(scheduler, "lossless", False):  # what the engine refuses, before the model load
+        raise ValueError(f"scheduler {args.scheduler!r} is not lossless; the engine only runs schedules that "
+                         "preserve the target's distribution")
     lookup("cost_models", args.cost_model)
     looks_like_file = args.calibrator.endswith(".json") or "/" in args.calibrator
     if looks_like_file and not os.path.isfile(args.calibrator):
