@@ -59,22 +59,34 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     On a GPU sizes become symbolic at their second value and each concrete size records its own
     CUDA graph."""
     check_compiler(device)
+    # fullgraph: a graph break would otherwise run the whole step eagerly and unpacked, silently
+    # (slower than the packed step); as an error it reaches FastTarget's fallback and is said
     if device.type == "cuda":
-        return torch.compile(step, mode="reduce-overhead", dynamic=dynamic)
-    return _Frozen(torch.compile(step, dynamic=True if dynamic is None else dynamic))
+        return _Patched(torch.compile(step, mode="reduce-overhead", dynamic=dynamic, fullgraph=True), freezing=False)
+    return _Patched(torch.compile(step, dynamic=True if dynamic is None else dynamic, fullgraph=True))
 
 
-class _Frozen:
-    """Calls a compiled function with inductor's weight freezing on. Freezing is read when a graph
-    is compiled, which happens at the first call of each new shape, so every call sets it
-    (``torch.compile(options={"freezing": True})`` does not reach the freezing pass: the weights
-    stay graph inputs and every bf16 product re-lays its weight out, as in eager)."""
+# Graphs one step may need: 1 or several rows × 1 or several tokens × the capture sets a model
+# has used × the two past layouts (a request's own cache, the gathered batch): more than dynamo's
+# default of 8 recompiles per function, after which fullgraph=True fails.
+_RECOMPILE_LIMIT = 64
 
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
+
+class _Patched:
+    """Calls a compiled step with inductor's weight freezing on (CPU) and room for the step's
+    graphs. Both settings are read when a graph is compiled, which happens at the first call of
+    each new shape class, so every call sets them (``torch.compile(options={"freezing": True})``
+    does not reach the freezing pass: the weights stay graph inputs and every bf16 product
+    re-lays its weight out, as in eager)."""
+
+    def __init__(self, fn: Any, freezing: bool = True) -> None:
+        self.fn, self.freezing = fn, freezing
 
     def __call__(self, *args: Any) -> Any:
+        import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
 
-        with inductor_config.patch(freezing=True):
+        with inductor_config.patch(freezing=self.freezing), \
+                dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT,
+                                    accumulated_recompile_limit=max(_RECOMPILE_LIMIT, 256)):
             return self.fn(*args)

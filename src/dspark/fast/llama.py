@@ -123,11 +123,16 @@ class LlamaStep(nn.Module):
         position_ids: torch.Tensor,  # [R, q]
         past: torch.Tensor,  # [L, 2, R, H_kv, T, d]
         past_valid: torch.Tensor,  # [R, T] bool
-        capture: tuple[int, ...] = (),
+        capture: tuple[int, ...] | None = (),
         logits: bool = True,
     ) -> tuple[torch.Tensor | None, list[torch.Tensor], torch.Tensor]:
         """(logits [R, q, V] or None, the captured layers' outputs [R, q, D] in ``capture``'s
-        order, new K/V [L, 2, R, H_kv, q, d])."""
+        order, new K/V [L, 2, R, H_kv, q, d]). ``capture=None`` reads :attr:`graph_capture`: a
+        compiled graph must not take the layer ids as an argument, because ``torch.compile``
+        makes integer arguments symbolic, and a symbolic id is not a Python int to select a layer
+        by (the trace fails and the whole step silently runs eager)."""
+        if capture is None:
+            capture = self.graph_capture
         R, q = input_ids.shape
         H, H_kv, d = self.heads, self.kv_heads, self.head_dim
         g = H // H_kv

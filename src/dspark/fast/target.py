@@ -131,7 +131,8 @@ class FastTarget(HFTarget):
         graphed = run is not self._step and dev.type == "cuda"
         if graphed:  # a CUDA graph's outputs live in its static buffers, overwritten by the next replay
             torch.compiler.cudagraph_mark_step_begin()
-        args = (tokens.to(dev), position_ids, past, valid, asked, want_logits)
+        # the compiled graph reads the capture set from the step module (a constant to torch.compile)
+        args = (tokens.to(dev), position_ids, past, valid, None if run is not self._step else asked, want_logits)
         try:
             logits, captured, new_kv = run(*args)
         except Exception as err:  # a compile that fails on this model: the packed step instead
@@ -142,7 +143,7 @@ class FastTarget(HFTarget):
             self.path = "packed"
             self._step, self._run = _shared_step(self.model, "packed", dev)
             graphed, run = False, self._run
-            logits, captured, new_kv = run(*args)
+            logits, captured, new_kv = run(*args[:4], asked, want_logits)
         captured = [captured[asked.index(k)] for k in capture]
         if graphed:
             logits = logits.clone() if logits is not None else None
