@@ -29,7 +29,7 @@ def main(prompt: str = "Explain what a hash map is in two sentences.", max_new_t
          dtype: str = "auto") -> dict:
     model, tok = load_causal_lm("smollm2-135m", torch.float32)
     context = encode_prompt(tok, prompt).numel() + max_new_tokens // 2
-    choice, target = choose_dtype(model, tok, context=context, gamma=7, dtype=dtype)  # auto: fp32 vs bf16
+    choice, target = choose_dtype(model, tok, context=context, gamma=7, dtype=dtype)  # fp32 vs bf16 × HF vs packed step
     print(choice.reason)
     drafter = from_pretrained(resolve_checkpoint(DEFAULT_DRAFTER), target)
     engine = Engine(target, drafter, scheduler="sps-greedy", cost_model=choice.cost_model("smollm2-135m"),

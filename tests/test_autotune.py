@@ -188,7 +188,7 @@ def test_paths_are_raced_and_only_the_winning_dtype_is_compiled(monkeypatch):
         t.path = path
         return t
 
-    choice, target = choose_dtype(model, None, context=20, gamma=3, make_target=make)
+    choice, target = choose_dtype(model, None, context=20, gamma=3, make_target=make, paths=("eager", "packed", "compiled"))
     assert built == [(torch.float32, "eager"), (torch.float32, "packed"), (torch.bfloat16, "eager"),
                      (torch.bfloat16, "packed"), (torch.bfloat16, "compiled")]
     assert choice.label == "bfloat16/compiled" and target.path == "compiled" and choice.plain_label == "bfloat16/compiled"
@@ -198,7 +198,8 @@ def test_paths_are_raced_and_only_the_winning_dtype_is_compiled(monkeypatch):
     def falls_back(m, tok, path):  # a compile that cannot run here: the target says "packed"
         return autotune_target(m, tok, "packed" if path == "compiled" else path)
 
-    choice, target = choose_dtype(model, None, context=20, gamma=3, make_target=falls_back)
+    choice, target = choose_dtype(model, None, context=20, gamma=3, make_target=falls_back,
+                                  paths=("eager", "packed", "compiled"))
     assert choice.label == "bfloat16/packed" and "bfloat16/compiled fell back to packed" in choice.reason
 
 
@@ -226,3 +227,20 @@ def test_a_context_beyond_the_window_is_timed_at_the_longest_that_fits(monkeypat
     monkeypatch.setattr(autotune, "measure_profile", fake)
     choice, _ = choose_dtype(model, None, context=500, gamma=3, paths=("eager",), dtype="float32")
     assert seen == [128 - 3 - 2] and choice.context == 123
+
+
+def test_the_default_race_compiles_only_on_a_gpu(monkeypatch):
+    model = tiny_causal_lm()
+    _fake_profiles(monkeypatch, PATHS_TABLE)
+    built = []
+
+    def make(m, tok, path):
+        from dspark.targets import HFTarget
+
+        built.append(path)
+        t = HFTarget(m, tok)
+        t.path = path
+        return t
+
+    choose_dtype(model, None, context=20, gamma=3, make_target=make)  # a CPU model
+    assert "compiled" not in built and set(built) == {"eager", "packed"}

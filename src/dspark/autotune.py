@@ -229,7 +229,7 @@ def choose_dtype(
     gamma: int,
     dtype: str = "auto",
     candidates: Sequence[str] = ("float32", "bfloat16"),
-    paths: Sequence[str] = ("eager", "packed", "compiled"),
+    paths: Sequence[str] | None = None,
     repeats: int = 5,
     make_target: Any = None,
     speculation: Speculation | None = None,
@@ -238,7 +238,8 @@ def choose_dtype(
 
     ``model`` is an HF causal LM in any dtype; the other candidates are cast copies of it.
     ``dtype="auto"`` races every dtype in ``candidates``; a dtype name fixes it. Each dtype is
-    timed on every path of ``paths`` but ``"compiled"``; compiling costs minutes, so only the
+    timed on every path of ``paths`` (default: eager and packed, and compiled on a GPU) but
+    ``"compiled"``; compiling costs minutes, so only the
     winner's dtype is then compiled and timed (:mod:`dspark.fast`). ``make_target(model,
     tokenizer, path)`` wraps a model (default :func:`dspark.fast.build_target`; a path it falls
     back from is left out of the race, with its sentence in ``choice.notes``).
@@ -249,6 +250,10 @@ def choose_dtype(
     if make_target is None:
         from dspark.fast import build_target as make_target
     from dspark.fast import PATHS
+    from dspark.options import race_paths
+
+    if paths is None:  # every path, the compiled one only on a GPU (minutes of compiling on a CPU)
+        paths = race_paths("auto", None, next(model.parameters()).device.type)
 
     if dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
