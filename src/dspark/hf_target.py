@@ -163,6 +163,20 @@ class _Request:
         self._views = None
 
 
+def zero_padded(logits: torch.Tensor, hidden: dict[int, torch.Tensor], q_lens: torch.Tensor,
+                with_logits: bool = True) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Zero the right-padded positions (≥ q_lens[r]) of logits [R, q, V] (when ``with_logits``)
+    and of every hidden state [R, q, d]: a padded position carries no prediction."""
+    q = hidden[next(iter(hidden))].shape[1] if hidden else logits.shape[1]
+    pad = torch.arange(q)[None, :] >= q_lens[:, None]  # [R, q]
+    if bool(pad.any()):
+        pad = pad.to(logits.device)[..., None]
+        if with_logits:
+            logits = logits.masked_fill(pad, 0.0)
+        hidden = {k: h.masked_fill(pad, 0.0) for k, h in hidden.items()}
+    return logits, hidden
+
+
 def _keep_output(store: dict[int, torch.Tensor], key: int, module: Any, args: Any, output: Any) -> None:
     """Forward hook: keep a module's output hidden state [R, q, d] under ``key``."""
     store[key] = output[0] if isinstance(output, tuple) else output
@@ -517,10 +531,4 @@ class HFTarget:
         logits = out.logits if want_logits else out.logits[:, :0]  # [R, q, V] (or [R, 0, V])
         hidden = ({k: caught[k] for k in self.capture_layers} if self._capture_modules is not None
                   else {k: out.hidden_states[k + 1] for k in self.capture_layers})  # {k: [R, q, d]}
-        pad = torch.arange(q)[None, :] >= q_lens[:, None]  # [R, q]
-        if bool(pad.any()):
-            pad = pad.to(dev)[..., None]
-            if want_logits:
-                logits = logits.masked_fill(pad, 0.0)
-            hidden = {k: h.masked_fill(pad, 0.0) for k, h in hidden.items()}
-        return logits, hidden
+        return zero_padded(logits, hidden, q_lens, want_logits)

@@ -24,7 +24,7 @@ import torch
 
 from dspark.fast.compile import CompileUnavailable
 from dspark.fast.llama import LlamaStep, supports
-from dspark.hf_target import HFTarget, _Request
+from dspark.hf_target import HFTarget, _Request, zero_padded
 from dspark.options import STEP_PATHS
 
 __all__ = ["FastTarget", "PATHS", "build_target"]
@@ -154,11 +154,4 @@ class FastTarget(HFTarget):
             req.length += n
         if not want_logits:
             logits = torch.zeros(R, 0, self.vocab_size, dtype=self._kv_dtype, device=dev)
-        hidden = dict(zip(capture, captured))  # {k: [R, q, D]}
-        pad = torch.arange(q)[None, :] >= q_lens[:, None]  # [R, q]
-        if bool(pad.any()):
-            pad = pad.to(dev)[..., None]
-            if want_logits:
-                logits = logits.masked_fill(pad, 0.0)
-            hidden = {k: h.masked_fill(pad, 0.0) for k, h in hidden.items()}
-        return logits, hidden
+        return zero_padded(logits, dict(zip(capture, captured)), q_lens, want_logits)  # hidden {k: [R, q, D]}
