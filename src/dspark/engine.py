@@ -262,10 +262,17 @@ class Engine:
         req.finished = "abort"
         self._release(request_id)
 
-    def _release(self, rid: str) -> None:
-        self.target.release(rid)
-        if self.drafter is not None:
-            self.drafter.release(rid)
+    def _release(self, rid: str, missing_ok: bool = False) -> None:
+        """Free a request's state in the target and the drafter (``missing_ok``: a part that never
+        saw it is no error, as after a failure before its prefill)."""
+        for part in (self.target, self.drafter):
+            if part is None:
+                continue
+            try:
+                part.release(rid)
+            except KeyError:
+                if not missing_ok:
+                    raise
 
     @property
     def active(self) -> list[str]:
@@ -481,12 +488,7 @@ class Engine:
             for rid in rids:
                 req = self._requests.pop(rid, None)
                 if req is not None and req.finished is None:
-                    for part in (self.target, self.drafter):
-                        try:
-                            if part is not None:
-                                part.release(rid)
-                        except KeyError:  # it never reached this part
-                            pass
+                    self._release(rid, missing_ok=True)
             raise
         done = {c.request_id: c for c in self.pop_finished()}
         return [done[rid] for rid in rids]

@@ -6,9 +6,9 @@
 * GPU: ``mode="reduce-overhead"`` — each shape's kernels are captured once as a CUDA graph and
   replayed, removing the per-kernel launch cost that bounds a small model's eager step.
 
-Compiled graphs land in inductor's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, by default under
-the system temporary folder), so a second start-up with the same model, dtype and shapes reuses
-them. Compilation happens at the first call of each new shape class; :func:`check_compiler` finds a
+Inductor writes its graphs to its on-disk cache (``TORCHINDUCTOR_CACHE_DIR``), but the frozen CPU
+graphs were compiled again by every new process in our runs: count on each start-up compiling.
+Compilation happens at the first call of each new shape class; :func:`check_compiler` finds a
 missing compiler in seconds beforehand, and :class:`~dspark.fast.FastTarget` falls back to the
 packed step, in one logged sentence, if a model's compile fails later.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CompileUnavailable", "compile_step"]
+__all__ = ["CompileUnavailable", "check_compiler", "compile_step", "first_line"]
 
 
 class CompileUnavailable(RuntimeError):
@@ -40,12 +40,13 @@ def check_compiler(device: torch.device) -> None:
             fn(torch.ones(8, device=device))
             _CHECKED[key] = None
         except Exception as err:  # inductor's failures have no common base class
-            _CHECKED[key] = _sentence(err)
+            _CHECKED[key] = first_line(err)
     if _CHECKED[key] is not None:
         raise CompileUnavailable(f"torch.compile cannot run on {key} here ({_CHECKED[key]})")
 
 
-def _sentence(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """``TypeName: the first line of its message`` (at most 200 characters of it)."""
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}".rstrip(": ")
 
@@ -55,7 +56,8 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     first call of each new shape class.
 
     On a CPU the graphs are dynamic in every size from the start (``dynamic=True``): torch
-    specialises only sizes 0 and 1, so two graphs (one token or several) cover every verification.
+    specialises only sizes 0 and 1, so one graph per class (one row or several × one token or
+    several × the past's layout × the capture set) covers every verification.
     On a GPU sizes become symbolic at their second value and each concrete size records its own
     CUDA graph."""
     check_compiler(device)

@@ -36,22 +36,19 @@ def fused(*linears: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class Linear(nn.Module):
-    """``F.linear(x, weight, bias)``; with ``pack`` (and :func:`can_pack`) through a oneDNN-packed
-    copy of the weight outside ``torch.compile``."""
+    """``F.linear(x, weight, bias)``; with ``pack`` (and :func:`can_pack`) through
+    :func:`inference_linear`, its packed copy made here once (the first step pays nothing)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False) -> None:
         super().__init__()
         self.weight = weight  # [out, in]
         self.bias = bias
-        self.packed = None
-        if pack and can_pack(self.weight):
-            with torch.no_grad():
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)
+        self.pack = pack and can_pack(weight)
+        if self.pack:
+            _packed(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and not torch.compiler.is_compiling():
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        return inference_linear(x, self.weight, self.bias) if self.pack else F.linear(x, self.weight, self.bias)
 
 
 def packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -60,17 +57,23 @@ def packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.dtype == weight.dtype)
 
 
-def inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; where no gradient is recorded and :func:`can_pack`, through a
-    oneDNN-packed copy of ``weight`` made on first use and kept on the weight tensor itself (made
-    again whenever the weight changes in place: its version counter moves)."""
-    if not packs(x, weight):
-        return F.linear(x, weight, bias)
+def _packed(weight: torch.Tensor) -> Any:
+    """The oneDNN-packed copy of ``weight``, kept on the tensor itself and made again whenever the
+    weight changed in place (its version counter moved)."""
     entry = getattr(weight, "_dspark_packed", None)
     if entry is None or entry[0] != weight._version:
-        entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
+        with torch.no_grad():
+            entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
         weight._dspark_packed = entry
-    return torch.ops.mkldnn._linear_pointwise(x, entry[1], bias, "none", [], "")
+    return entry[1]
+
+
+def inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; where no gradient is recorded and :func:`can_pack`, through
+    the packed copy of ``weight`` (:func:`_packed`)."""
+    if not packs(x, weight):
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), bias, "none", [], "")
 
 
 def _routed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,7 @@ only the batched forward differs:
   HF's left padding, and the new tokens' K/V come back from the step to be stored;
 * linear weights are prepacked for the CPU's matmul library (``pack``), or the step runs through
   ``torch.compile`` (``compiled``: inductor with weight freezing on a CPU, CUDA graphs on a GPU),
-  with the past length T rounded up to a multiple of ``bucket`` so a few shapes cover every
-  context.
+  with the past length T rounded up to a multiple of ``bucket`` so a GPU records few CUDA graphs.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dspark.fast.compile import CompileUnavailable
+from dspark.fast.compile import CompileUnavailable, first_line
 from dspark.fast.llama import LlamaStep, supports
 from dspark.hf_target import HFTarget, _Request, zero_padded
 from dspark.options import STEP_PATHS
@@ -138,8 +137,7 @@ class FastTarget(HFTarget):
         except Exception as err:  # a compile that fails on this model: the packed step instead
             if run is self._step:
                 raise
-            log.warning("the compiled target step failed (%s: %s); running the packed step instead",
-                        type(err).__name__, str(err).strip().splitlines()[0][:200] if str(err).strip() else "")
+            log.warning("the compiled target step failed (%s); running the packed step instead", first_line(err))
             self.path = "packed"
             self._step, self._run = _shared_step(self.model, "packed", dev)
             graphed, run = False, self._run
