@@ -2,7 +2,7 @@
 model, scheduler → ``dspark.Engine`` → generate, and check it against the target's greedy decode.
 
     python examples/custom_pipeline.py           # a tiny random Llama target, a second on any CPU
-    python examples/custom_pipeline.py --real    # SmolLM2-135M-Instruct + the shipped dspark-5l drafter
+    python examples/custom_pipeline.py --real    # SmolLM2-135M-Instruct + the shipped default drafter
 
 Every part is picked by name from the plugin registry (``dspark plugins`` lists them) or passed as
 an object satisfying its protocol. On the tiny random target the drafter is untrained, so τ (mean
@@ -44,14 +44,15 @@ def greedy_reference(target: dspark.HFTarget, prompt: torch.Tensor, n: int) -> l
 def build(real: bool):
     """(target, drafter, calibrator, prompts): the only part that differs between the two modes."""
     if real:
-        from dspark.calibration import load_calibrator
-        from dspark.checkpoints import resolve_checkpoint
+        from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
+        from dspark.evaluation_runs import folder_calibrator
 
         target = dspark.load_target()  # SmolLM2-135M-Instruct, fp32 (needs the `target` extra)
-        folder = resolve_checkpoint("dspark-5l")
+        folder = resolve_checkpoint(DEFAULT_DRAFTER)  # the shipped default drafter (dspark-5l-xl)
         drafter = dspark.get_drafter("dspark", target=target, checkpoint=folder)
-        cal = folder / "calibration.json"
-        calibrator = load_calibrator(cal) if cal.is_file() else dspark.get_calibrator("identity")
+        # The folder's own calibration: none when its confidence model is calibrated already (a
+        # `stacked` confidence.json), else its calibration.json.
+        calibrator = folder_calibrator(folder) or dspark.get_calibrator("identity")
         prompts = ["Give me three tips for writing clear emails, one sentence each.",
                    "Write a Python function that returns the n-th Fibonacci number."]
         return target, drafter, calibrator, prompts

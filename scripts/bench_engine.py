@@ -1,6 +1,6 @@
 """Engine round anatomy on the real SmolLM2-135M target: head share, engine overhead, verify curve.
 
-    python scripts/bench_engine.py --out docs/figures
+    python scripts/bench_engine.py --out docs/reports/figures
 
 Untrained (random-init) drafters: the compute is what is measured, not acceptance. Each run
 queues chat prompts (``Engine.add_request`` with text: the target's chat template) on a fresh
@@ -313,7 +313,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="docs/figures")
+    ap.add_argument("--out", default="docs/reports/figures")
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     ap.add_argument("--gammas", type=int, nargs="+", default=[7, 16])
     ap.add_argument("--ranks", type=int, nargs="+", default=[256, 64])

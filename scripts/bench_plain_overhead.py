@@ -1,4 +1,4 @@
-"""Plain-decoding engine overhead: (round − target forward) / round, R = 1, 4, 16 (docs/engine.md).
+"""Plain-decoding engine overhead: (round − target forward) / round, R = 1, 4, 16 (docs/serving-and-benchmarks.md).
 
     python scripts/bench_plain_overhead.py
 """

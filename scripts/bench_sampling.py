@@ -1,6 +1,6 @@
 """Per-step sampling cost on the real target's logits: dspark's sampler against the one it replaced.
 
-    python scripts/bench_sampling.py --requests 48 --repeats 5 --out docs/figures/bench_sampling.json
+    python scripts/bench_sampling.py --requests 48 --repeats 5 --out docs/reports/figures/bench_sampling.json
 
 The target (bf16 SmolLM2-135M) reads R natural prompts; the logits at their last positions are the
 rows. Each side turns them into p under T = 0.7, top-p = 0.95 (`dspark data`'s defaults) and draws

@@ -1,6 +1,6 @@
 """Scheduler latency benchmark: median wall time of one schedule() call.
 
-    python scripts/bench_scheduler.py --out docs/figures
+    python scripts/bench_scheduler.py --out docs/reports/figures
 
 R = 1..512 requests × γ = 7 and 16, for sps-greedy (packed and padded accounting) and the
 cheap schedulers, single-threaded torch. Writes scheduler_bench.json, scheduler_bench.png and
@@ -36,7 +36,7 @@ def median_us(fn, repeats: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="docs/figures")
+    ap.add_argument("--out", default="docs/reports/figures")
     ap.add_argument("--repeats", type=int, default=300)
     args = ap.parse_args()
     torch.set_num_threads(1)

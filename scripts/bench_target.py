@@ -2,7 +2,7 @@
 
     python scripts/bench_target.py --out out/profile_smollm2_cpu.json
 
-Kept for the figures in docs/engine.md; it is ``dspark profile`` with that page's shapes
+Kept for the figures in docs/serving-and-benchmarks.md; it is ``dspark profile`` with that page's shapes
 (R ∈ {1, 2, 4, 8, 16} × (1 + ℓ) ∈ {1, 2, 4, 8}, one 128-token context).
 """
 

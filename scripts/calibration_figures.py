@@ -38,7 +38,8 @@ SWEEP_BIASES = (0.0, 0.2, 0.5, 1.0)
 def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("docs/figures"), help="JSON + PNG folder")
-    p.add_argument("--markdown", type=Path, default=Path("docs/calibration.md"))
+    p.add_argument("--markdown", type=Path, default=Path("out/calibration_synthetic.md"),
+                   help="the before/after report (docs/scheduling-and-calibration.md quotes it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n", type=int, default=40_000, help="rounds; half fit, half evaluation")
     p.add_argument("--gamma", type=int, default=7, help="draft block size γ")

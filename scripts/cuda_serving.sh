@@ -11,7 +11,7 @@
 #            over the best plain decode, dtype by measurement), then dspark bench --device cuda, bf16,
 #            c = 1, 4, 16, 64, plain / fixed:k=7 / sps-greedy, --mode both (the simulator on the profile above)
 #
-# Budget (one H200, 2026-12-04, docs/serving_h200_measured.md): tests 30 s, profile 55 s; the demo
+# Budget (one H200, 2026-12-04, docs/reports/2026-12-04-h200-measured.md): tests 30 s, profile 55 s; the demo
 # with its own defaults took over 180 s and the bench at 5 levels × 3 repeats over 330 s there (a
 # 135M target steps in ~20 ms on a GPU, launch-bound), so the defaults below are sized for a
 # 15-minute lease (DEMO_ARGS, BENCH_ARGS and LEVELS override them). A cut-off bench still leaves its

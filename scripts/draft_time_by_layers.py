@@ -2,7 +2,7 @@
 the embedded SmolLM2 target: which N keeps a parallel drafter's round no dearer than Eagle3's.
 
     python scripts/draft_time_by_layers.py [--dtype bfloat16] [--layers 1 2 3 4 5] [--rounds 40]
-                                            [--vocab 8192 ...] [--out docs/figures/draft_time_by_layers.json]
+                                            [--vocab 8192 ...] [--out docs/reports/figures/draft_time_by_layers.json]
 
 Weights are random (time does not depend on them); the features are the target's own, captured on
 a natural prompt. Each round ingests 2 new context positions (a typical τ) and drafts γ = 7 tokens

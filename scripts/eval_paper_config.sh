@@ -17,5 +17,5 @@ common=(--drafter dspark-vanilla-ref=data/smollm2-135m/retired/dspark-vanilla-re
 dspark eval "${args[@]}" "${common[@]}" --prompts src/dspark/data/natural_eval.jsonl --out "$RUNS/eval12-natural"
 dspark eval "${args[@]}" "${common[@]}" --out "$RUNS/eval12-templated"
 python scripts/paper_findings.py --eval "$RUNS/eval12-natural" --dspark dspark-5l --dflash dflash-5l \
-  --eagle3 eagle3-1l --dspark-small dspark-2l --runs "$RUNS" --markdown docs/results_findings.md \
-  --draft-times docs/figures/draft_time_by_layers_bf16.json
+  --eagle3 eagle3-1l --dspark-small dspark-2l --runs "$RUNS" --markdown docs/reports/2026-12-02-paper-findings.md \
+  --draft-times docs/reports/figures/draft_time_by_layers_bf16.json

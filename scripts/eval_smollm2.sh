@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Evaluate the SmolLM2 drafters trained by scripts/train_smollm2.sh, ship them, and write
-# docs/results.md (docs/results.md quotes these commands).
+# docs/reports/2026-12-04-trained-drafters.md (docs/reports/2026-12-04-trained-drafters.md quotes these commands).
 #   RUNS=runs bash scripts/eval_smollm2.sh
 set -euo pipefail
 [ -x .venv/bin/dspark ] && export PATH="$PWD/.venv/bin:$PATH"  # `make setup` installs dspark there

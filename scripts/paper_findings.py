@@ -1,7 +1,7 @@
 """The paper's four findings, reproduced small, from one `dspark eval` run (issue 12).
 
     python scripts/paper_findings.py --eval runs/eval12 --dspark dspark-5l --dflash dflash-5l \
-        --eagle3 eagle3-1l --dspark-small dspark-2l --markdown docs/results_findings.md
+        --eagle3 eagle3-1l --dspark-small dspark-2l --markdown docs/reports/2026-12-02-paper-findings.md
 
 (a) τ order DSpark > DFlash > Eagle3 in every domain; (b) DFlash's conditional acceptance falls
 with position while DSpark's stays flat; (c) a small (2-layer) DSpark ≥ a 5-layer DFlash; (d) the
@@ -78,8 +78,8 @@ def main() -> None:
     ap.add_argument("--dspark-small", required=True, help="label of the small (2-layer) DSpark")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--keep", type=float, default=0.9, help="share of accepted tokens finding (d) must keep")
-    ap.add_argument("--figures", type=Path, default=Path("docs/figures"))
-    ap.add_argument("--markdown", type=Path, default=Path("docs/results_findings.md"))
+    ap.add_argument("--figures", type=Path, default=Path("docs/reports/figures"))
+    ap.add_argument("--markdown", type=Path, default=Path("docs/reports/2026-12-02-paper-findings.md"))
     ap.add_argument("--runs", type=Path, help="training runs folder (RUNS/<label>/log.jsonl): adds the training curves")
     ap.add_argument("--smooth", type=int, default=100, help="steps in the curves' moving mean")
     ap.add_argument("--draft-times", type=Path,

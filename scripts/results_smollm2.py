@@ -1,8 +1,9 @@
-"""Write docs/results.md from the outputs of scripts/train_smollm2.sh, dspark eval and dspark demo.
+"""Write a trained-drafters report (docs/reports/trained-drafters.md; date it and list it in
+docs/reports/README.md) from the outputs of scripts/train_smollm2.sh, dspark eval and dspark demo.
 
     python scripts/results_smollm2.py --runs runs --eval runs/eval --demo out/demo
 
-Copies the figures it cites into docs/figures/ (acceptance per position, reliability diagrams,
+Copies the figures it cites into docs/reports/figures/ (acceptance per position, reliability diagrams,
 training curves) and every number it prints comes from those JSON files.
 """
 
@@ -28,7 +29,7 @@ def main() -> None:
     ap.add_argument("--runs", default="runs")
     ap.add_argument("--eval", default="runs/eval")
     ap.add_argument("--demo", default="out/demo")
-    ap.add_argument("--docs", default="docs")
+    ap.add_argument("--docs", default="docs/reports")
     ap.add_argument("--cpu-demo", action="append", default=[],
                     help="a dspark demo folder per kind of CPU (repeatable): the speed-by-CPU table")
     a = ap.parse_args()
@@ -145,8 +146,8 @@ def main() -> None:
                 + ", ".join(f"{k} {v:.2f}" for k, v in sp["median_seconds"].items()) + ".", ""]
     out += [f"Evaluation command: `{results['command']}`", "",
             "Regenerate this page: `python scripts/results_smollm2.py --runs runs --eval runs/eval --demo out/demo`.", ""]
-    (docs / "results.md").write_text("\n".join(out))
-    print(f"wrote {docs / 'results.md'}")
+    (docs / "trained-drafters.md").write_text("\n".join(out))
+    print(f"wrote {docs / 'trained-drafters.md'}")
 
 
 if __name__ == "__main__":

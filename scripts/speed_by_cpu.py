@@ -1,6 +1,6 @@
 """The README main job's speed-up per kind of CPU, from ``dspark demo`` outputs (one folder per machine).
 
-    python scripts/speed_by_cpu.py out/demo-avx512bf16 out/demo-avx2 --png docs/figures/speed_by_cpu.png
+    python scripts/speed_by_cpu.py out/demo-avx512bf16 out/demo-avx2 --png docs/reports/figures/speed_by_cpu.png
 
 Prints a Markdown table (machine, dtype chosen and why, the verification profile's shape, the
 speed-up over the best plain decode, τ, drafted rounds) and draws a bar chart of the speed-ups.

@@ -18,7 +18,7 @@ Checked (the same properties ``tests/test_stress.py`` asserts on the tiny target
 * every finished output equals the target's own plain greedy decode of its prompt (HF
   ``generate(do_sample=False)``, run batched with left padding; any disagreement is decided by an
   unbatched decode); an aborted request's tokens are a prefix of that decode and nothing is
-  streamed for it after the abort; in bfloat16, where identity is not exact (docs/engine.md,
+  streamed for it after the abort; in bfloat16, where identity is not exact (docs/serving-and-benchmarks.md,
   "Greedy identity is an fp32 property"), each divergence must sit on a near-tie of the top-2
   logits (gap ≤ 0.25, as ``tests/test_real_target_engine.py``);
 * memory bounded: after every round the target's KV caches and the drafter's caches belong to

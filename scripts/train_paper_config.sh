@@ -5,10 +5,10 @@
 # log.jsonl / train.json across sessions).
 #   RUNS=runs bash scripts/train_paper_config.sh           (ONLY="dflash-5l" runs a subset)
 #
-# Equal-budget comparison (same data, batches and number of steps, findings a-c of docs/results.md):
+# Equal-budget comparison (same data, batches and number of steps, findings a-c of docs/reports/2026-12-04-trained-drafters.md):
 #   dspark-5l   DSpark, reference vanilla head (rank 128), 5 draft layers
 #   dflash-5l   DFlash, 5 draft layers
-#   eagle3-1l   Eagle3, 1 layer (a 5-layer DSpark round costs less than Eagle3's, docs/results.md)
+#   eagle3-1l   Eagle3, 1 layer (a 5-layer DSpark round costs less than Eagle3's, docs/reports/2026-12-04-trained-drafters.md)
 #   dspark-2l   DSpark with 2 layers (finding c: a 2-layer DSpark >= a 5-layer DFlash)
 # dspark-5l-long continues dspark-5l (from its committed int8 checkpoint on a fresh machine) to
 # LONG_STEPS steps in all.
@@ -16,7 +16,7 @@ set -euo pipefail
 [ -x .venv/bin/dspark ] && export PATH="$PWD/.venv/bin:$PATH"  # `make setup` installs dspark there
 # tcmalloc where installed (apt install libtcmalloc-minimal4): under glibc malloc every step's large
 # temporaries (the [blocks · γ, V] logits) are fresh mmaps, a page fault per 4 KB; dspark-5l's step
-# took 1.76 s with glibc and 1.08 s with tcmalloc on this 2-core CPU (docs/training.md)
+# took 1.76 s with glibc and 1.08 s with tcmalloc on this 2-core CPU (docs/drafters-and-training.md)
 if [ -z "${LD_PRELOAD:-}" ]; then
   for lib in /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib/x86_64-linux-gnu/libtcmalloc.so.4; do
     [ -f "$lib" ] && { export LD_PRELOAD=$lib; echo "using $lib"; break; }
@@ -129,7 +129,7 @@ if want dspark-5l-xl; then continue_run dspark-5l-xl dspark-5l-long "$XL_STEPS" 
 
 # 3c. dspark-5l-xxl: dspark-5l-xl continued by XXL_STEPS. Opt-in (ONLY must name it): measured
 #     2026-12-03, training τ 2.48 → 2.59 but natural-prompt τ 2.260 → 2.221 (templated 2.034 → 2.134),
-#     so it is not shipped (docs/results.md, "Trained further")
+#     so it is not shipped (docs/reports/2026-12-04-trained-drafters.md, "Trained further")
 if opted dspark-5l-xxl; then continue_run dspark-5l-xxl dspark-5l-xl "$XXL_STEPS" "$XXL_LR" 3; fi
 
 # 3d. dspark-5l-d15: dspark-5l-xl continued by D15_STEPS on DATA15 (step 1b's 1.5 M tokens, its own

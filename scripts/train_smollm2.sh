@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Retrain the 1-layer drafters of docs/results.md (dflash and eagle3 are shipped in
+# Retrain the 1-layer drafters of docs/reports/2026-12-04-trained-drafters.md (dflash and eagle3 are shipped in
 # src/dspark/checkpoints/smollm2-135m; the DSpark ones, and dspark-vanilla-ref, are kept in
 # data/smollm2-135m/retired/; the shipped dspark-5l comes from scripts/train_paper_config.sh).
 # Same data, same batches, same number of optimizer steps for every drafter; each step is one

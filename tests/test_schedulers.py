@@ -1,6 +1,6 @@
 """Scheduler properties (hypothesis) and behaviour at low load and saturation.
 
-Expected values are recomputed longhand from the definitions (docs/math.md §2–4, the ``Schedule``
+Expected values are recomputed longhand from the definitions (docs/concepts.md §2–4, the ``Schedule``
 docstring), never with ``dspark.schedulers.summarise`` / ``survival``, which the schedulers
 themselves use; sps-greedy is also checked against a brute force over every lengths vector.
 """
@@ -28,7 +28,7 @@ from dspark.schedulers import LossyScheduleWarning, SunkCost, with_sunk_seconds
 
 
 def oracle_survival(c, valid) -> list[list[float]]:
-    """a_{r,j} = Π_{i≤j} c_{r,i} for j ≤ valid_r (1-based j), 0 beyond (docs/math.md §2)."""
+    """a_{r,j} = Π_{i≤j} c_{r,i} for j ≤ valid_r (1-based j), 0 beyond (docs/concepts.md §2)."""
     a = []
     for r, row in enumerate(c):
         prod, out = 1.0, []
@@ -52,7 +52,7 @@ def oracle_tau(c, lengths) -> float:
 
 
 def oracle_batch(lengths, accounting: str) -> int:
-    """B_packed = Σ_r (1 + ℓ_r), B_padded = R · (1 + max_r ℓ_r) (docs/math.md §4)."""
+    """B_packed = Σ_r (1 + ℓ_r), B_padded = R · (1 + max_r ℓ_r) (docs/concepts.md §4)."""
     lengths = [int(x) for x in lengths]
     if accounting == "packed":
         return sum(1 + ell for ell in lengths)
@@ -61,7 +61,7 @@ def oracle_batch(lengths, accounting: str) -> int:
 
 
 def oracle_theta(c, lengths, cm) -> float:
-    """Θ = τ / (t(B) + α(R)) = τ · SPS(B) without a per-request overhead α (docs/math.md §4)."""
+    """Θ = τ / (t(B) + α(R)) = τ · SPS(B) without a per-request overhead α (docs/concepts.md §4)."""
     R = len(lengths)
     if cm.accounting in ("packed", "padded"):
         B = oracle_batch(lengths, cm.accounting)
@@ -121,7 +121,7 @@ def test_schedule_invariants(batch, cost_name, idx):
 @settings(max_examples=150, deadline=None)
 @given(batches(), st.sampled_from(sorted(COSTS)))
 def test_sps_greedy_is_a_greedy_optimum_never_below_plain_decoding(batch, cost_name):
-    """The documented rule (docs/math.md §5), checked longhand: the admitted candidates are the
+    """The documented rule (docs/concepts.md §5), checked longhand: the admitted candidates are the
     first K of all valid (r, j) sorted by a descending (stably, flat index r·γ + j), every one of
     those admissions raised Θ, and the next candidate would not have. (A former check here,
     a_{r,ℓ_r} ≥ a_{r,ℓ_r+1}, could not fail: survival never increases along a request.)"""
@@ -296,7 +296,7 @@ def _brute_force(c, valid, cm) -> tuple[float, dict[tuple[int, ...], float]]:
 
 BRUTE_KINDS = ["affine-packed", "affine-packed-overhead", "affine-padded", "convex-packed", "staircase-packed",
                "cpu-packed", "cpu-padded", "pairs"]
-# sps-greedy is lossless, not always optimal (docs/math.md §5 promises the stopping rule, not the
+# sps-greedy is lossless, not always optimal (docs/concepts.md §5 promises the stopping rule, not the
 # optimum). Measured over 2000 random cases per kind (these generators, seeds crc32(kind) + i), its
 # Θ equalled the brute-force optimum in: affine-packed, affine-packed-overhead, convex-packed 100 %;
 # cpu-packed 97.1 % (worst Θ ratio 0.57); cpu-padded 93.9 % (0.60); staircase-packed 93.0 % (0.61);

@@ -41,7 +41,7 @@ def test_package_data_covers_every_shipped_file():
 
 
 def test_the_default_drafter_ships_a_calibrated_stacked_confidence_for_its_gamma():
-    """dspark-5l-xl's confidence.json (docs/results.md, "Confidence features"): a `stacked` model
+    """dspark-5l-xl's confidence.json (docs/reports/2026-12-04-trained-drafters.md, "Confidence features"): a `stacked` model
     with one weights row per draft position, calibrated itself, so the folder's calibrator is none
     while its calibration.json (the head's, for vLLM / TensorRT-LLM) still loads; the cut
     vocabulary variant keeps that calibration."""

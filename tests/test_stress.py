@@ -10,7 +10,7 @@ the target's and the drafter's per-request caches belong to exactly the unfinish
 aborted request's at once) and nothing is held at the end.
 
 The scenario (job mix, driver, batched reference decode) is ``scripts/stress.py``'s, which runs it
-on the real SmolLM2 target and reports resident memory (docs/serving.md).
+on the real SmolLM2 target and reports resident memory (docs/serving-and-benchmarks.md).
 """
 
 from __future__ import annotations

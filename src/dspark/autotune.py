@@ -1,9 +1,9 @@
 """Start-up choices made by measurement on the machine at hand: the target's dtype, the path its
 step runs on, and its cost profile.
 
-Whether bf16 pays on a CPU depends on the CPU: with AVX-512-BF16 or AMX tiles a bf16 product can
-be about half an fp32 one and verifying 8 tokens cost little more than 1; with AVX2 only, bf16
-matmuls are emulated and the step grows about linearly with the tokens verified. How the step runs
+Whether bf16 pays on a CPU depends on the CPU: with native bf16 instructions (AVX-512-BF16, AMX)
+a bf16 product is cheaper than an fp32 one and verifying several tokens costs little more than one;
+without them bf16 matmuls are emulated and the step grows about linearly with the tokens verified. How the step runs
 matters as much: the HF forward (``eager``) hands oneDNN unpacked bf16 weights, which it re-lays-out
 on every call; :mod:`dspark.fast` offers the same arithmetic with prepacked weights (``packed``) and
 compiled by inductor (``compiled``). None of this is assumed: :func:`choose_dtype` times the

@@ -8,7 +8,7 @@ of the token actually drawn, would *not* (it reads x̂_j) and is deliberately no
 ``head-max-prob`` stacks the two per position with weights fitted on held-out rounds
 (:func:`fit_head_max_prob`): on dspark-5l-xl's natural eval rounds the proxy alone ranks
 acceptance better than the head at positions 1–6, and the stack better than either
-(docs/results.md, "Confidence features"). ``stacked`` generalises it: a per-position logistic
+(docs/reports/2026-12-04-trained-drafters.md, "Confidence features"). ``stacked`` generalises it: a per-position logistic
 regression over named features of the block (:data:`FEATURES`) and, optionally, their squares,
 fitted by log-loss (:func:`fit_stacked`), so its logits come out calibrated (``calibrated = True``:
 the engine applies no calibrator on top). The default drafter ships one as its ``confidence.json``.

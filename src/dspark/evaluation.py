@@ -1,6 +1,6 @@
 """Evaluating drafters against their target: rounds, the paper's metrics, calibration.
 
-Terms (docs/math.md §2 and §8, :mod:`dspark.metrics`): a *round* drafts γ tokens, the target verifies
+Terms (docs/concepts.md §2 and §8, :mod:`dspark.metrics`): a *round* drafts γ tokens, the target verifies
 ℓ of them and accepts a prefix of ``accepted`` (+1 committed bonus/correction token).
 
 * τ — mean committed tokens per round, mean(accepted + 1).

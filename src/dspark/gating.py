@@ -67,18 +67,15 @@ an answer), and as many request-rounds in a bucket, again from ``min_requests`` 
 where the forecast says drafting pays, hand the decision there to the measured rates (its
 overhead, once plain rounds were measured there too: a round's excess over the profile holds the
 engine's own work, which drafted and plain rounds both pay). Distinct requests for the rates too:
-at R = 1 one request whose opening the drafter missed made the rates say "loss" after 13 drafted
-rounds, and the gate kept the drafter off for the rest of the run (bench30, c = 1, r0: 0.81× plain,
-where drafting ran 1.13–1.18× in the other two repeats).
+at R = 1 one request whose opening the drafter missed can make the rates say "loss" and keep the
+drafter off for the rest of a run in which drafting pays.
 
-The machine's speed drifts. On the 2-core VMs this project measures on, a plain step's time
-wanders by up to ±40 % within a minute, and the gate compares rounds measured at different
-moments: the plain rate of rounds run before a drafting stretch against the drafted rounds of
-now, an overhead measured in a fast minute against one measured in a slow one. A drift is then
-read as a gain or a loss of drafting. Near break-even it decides: at c = 2 on this CPU a prior
-whose overhead was timed on the wall clock, read against profile step times taken 20 minutes
-earlier on a faster machine, forecast a loss, and the gate drafted 10 of 522 rounds where drafting
-every round measured 1.15–1.21× plain (docs/serving.md, 2026-12-04). So each round is put on the
+The machine's speed drifts (a shared VM's step time can wander by tens of percent within a
+minute), and the gate compares rounds measured at different moments: the plain rate of rounds run
+before a drafting stretch against the drafted rounds of now, an overhead measured in a fast minute
+against one measured in a slow one. A drift is then read as a gain or a loss of drafting, and near
+break-even it decides (a wall-clock prior read against an older profile can forecast a loss where
+drafting pays; the measurements: docs/reports/2026-12-04-gate-and-start-up.md). So each round is put on the
 cost model's clock (``speed_normalised``, given the round's verification seconds): the speed factor
 φ = measured verification seconds / the cost model's t(B) + α(R) of the same step, and every
 second of the round — drafting, verification, the engine's own work — is divided by it. Rates and
@@ -220,10 +217,9 @@ class _Mean:
 @define
 class DraftGate:
     """Stateful gate owned by one engine (module docstring). Drafting stops when plain is faster
-    by more than ``margin`` (default 5 %). Measured on the demo prompts (docs/engine.md): with 1.0
-    the gate also cut near-ties, where the rates are noise and content alternates, and lost 7 %
-    of DSpark's speed-up on an AVX-512-BF16 CPU; 1.05 kept all but 1 % of it, and still stops a
-    drafter that loses by 9 % (tests/test_gate_machines.py)."""
+    by more than ``margin`` (default 5 %). A margin of 1.0 also cuts near-ties, where the rates
+    are noise and content alternates; 5 % leaves those alone and still stops a drafter that loses
+    by 9 % (tests/test_gate_machines.py; measured: docs/reports/2026-12-04-gate-and-start-up.md)."""
 
     min_backoff: int = field(default=2, validator=[validators.instance_of(int), validators.ge(1)])
     max_backoff: int = field(default=64, validator=[validators.instance_of(int), validators.ge(1)])

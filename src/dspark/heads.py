@@ -1,6 +1,6 @@
 """Sequential heads and the confidence head: the cheap per-position part of a DSpark drafter.
 
-Terms, once (docs/math.md §1). V vocabulary size, d hidden size of the drafter backbone, r the
+Terms, once (docs/concepts.md §1). V vocabulary size, d hidden size of the drafter backbone, r the
 head's rank (default 256), R requests, γ block size. h_j [.., d] is the backbone state at draft
 position j, U_j [.., V] the base logits W_lm h_j, x̂_{j-1} the previous token (x̂_0 = the anchor).
 A sequential head adds a correction b: Ũ_j = U_j + b(x̂_{j-1}, h_j), and x̂_j ~ softmax(Ũ_j / T).
@@ -274,7 +274,7 @@ class ConfidenceHead(nn.Module):
     (``head.prev_embedding(prev_tokens)``, sharing the sequential head's W_down) and returns
     logits [...]. It deliberately has no input for the draft token x̂_j: whether position j is
     verified must not depend on x̂_j (nor on later positions), or truncating the draft is not a
-    stopping rule and verification is no longer lossless (docs/math.md §5).
+    stopping rule and verification is no longer lossless (docs/concepts.md §5).
     Trained with BCE against the detached overlap α_j; calibrate before scheduling.
     """
 

@@ -2,7 +2,7 @@
 
 :class:`HFTarget` wraps any HF ``AutoModelForCausalLM`` whose KV cache is a plain full-attention
 ``DynamicCache`` (Llama, Qwen3, Mistral without sliding window, ...) and serves many concurrent
-requests of different lengths that join and leave at any time (docs/engine.md, "Batching an HF
+requests of different lengths that join and leave at any time (docs/serving-and-benchmarks.md, "Batching an HF
 target").
 
 Storage

@@ -1,6 +1,6 @@
 """Writing dspark's calibration and cost profile in the formats production engines consume.
 
-Established from the engines' public sources (docs/serving.md lists them):
+Established from the engines' public sources (docs/serving-and-benchmarks.md lists them):
 
 * **TensorRT-LLM** DSpark confidence scheduling (``DSparkDecodingConfig``, PR #17056):
   ``confidence_sts_path`` → ``{"sts_temperatures": [T_1..T_γ]}`` with c_j = σ(z_j / T_j) — the

@@ -1,6 +1,6 @@
 """Confidence metrics for speculative decoding: pure functions over tensors.
 
-Terms, defined once (docs/math.md §2 and §8):
+Terms, defined once (docs/concepts.md §2 and §8):
 
 * γ — draft block size; positions are j = 1..γ (column ``j - 1`` of a ``[N, γ]`` tensor).
 * ``accepted`` [N] — draft tokens accepted in a round, 0..γ (always a contiguous prefix).
@@ -11,7 +11,7 @@ Terms, defined once (docs/math.md §2 and §8):
 * survival label y_j = [accepted ≥ j]: the target of a_j.
 * conditional label at j = [accepted ≥ j] among rows *at risk* (accepted ≥ j − 1, j verified):
   the target of c_j, the paper's position-wise conditional acceptance.
-* Metric naming trap (docs/math.md §8): the reference's ``accept_rate@k`` is *prefix survival*
+* Metric naming trap (docs/concepts.md §8): the reference's ``accept_rate@k`` is *prefix survival*
   (#rounds with accepted > k / #rounds with proposal > k) — here ``prefix_survival`` at
   position j = k + 1. The paper's *conditional acceptance* is a different number; both are
   reported, named apart.

@@ -1,6 +1,6 @@
 """Verification schedulers: how many draft tokens of each request to verify.
 
-Terms, once (docs/math.md §2–5). R requests, block size γ. c_{r,j} ∈ [0, 1] is the calibrated
+Terms, once (docs/concepts.md §2–5). R requests, block size γ. c_{r,j} ∈ [0, 1] is the calibrated
 probability that draft position j is accepted given positions < j were; a_{r,j} = Π_{i≤j} c_{r,i}
 the prefix survival. A schedule picks ℓ_r (0 ≤ ℓ_r ≤ valid_r ≤ γ). Expected committed tokens
 τ(ℓ) = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}); verification batch B(ℓ) under the cost model's accounting;
@@ -17,7 +17,7 @@ scheduler — built-in or a plugin's — repeats survival → summarise → Sche
 Losslessness: a schedule may be used with rejection sampling only if it is a *stopping rule* —
 the decision "verify position j" depends on c_{r,1..j} and on other requests, never on
 c_{r,j+1..γ} (which read x̂_j). Every scheduler states it in ``lossless``; ``sps-argmax`` is the
-global-argmax variant that looks ahead and is *not* lossless (docs/math.md §5).
+global-argmax variant that looks ahead and is *not* lossless (docs/concepts.md §5).
 """
 
 from __future__ import annotations
@@ -351,7 +351,7 @@ class SPSArgmaxScheduler(SchedulerBase):
     """NOT LOSSLESS. Global argmax of Θ over all admission prefixes (no early break).
 
     It looks past the first non-improving candidate, so whether (r, j) is verified can depend on
-    c_{r,j+1}, which reads x̂_j: the committed tokens are then biased (docs/math.md §5 gives a
+    c_{r,j+1}, which reads x̂_j: the committed tokens are then biased (docs/concepts.md §5 gives a
     (0.7, 0.3) target that comes out as (0.85, 0.15)). Offered only to study that bias; it warns
     with :class:`LossyScheduleWarning` when built.
     """

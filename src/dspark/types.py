@@ -1,7 +1,7 @@
 """Values that cross the protocol boundaries.
 
 Every value is an attrs ``@frozen`` class validated at construction. Tensor fields carry their
-shape in a comment, with the symbols of docs/math.md:
+shape in a comment, with the symbols of docs/concepts.md:
 
 * R — requests in the batch, γ — draft block size, V — vocabulary size.
 * ℓ_r — verified prefix length chosen by the scheduler, 0 ≤ ℓ_r ≤ γ.
@@ -96,7 +96,7 @@ class DraftBlock:
     ``q`` is the distribution each draft token was *actually sampled from* (after the sequential
     head and the request's temperature / top-k / top-p). Verification is lossless only with that q.
     ``confidence_logits`` are raw (uncalibrated) logits of c_{r,j}; by the stopping-rule argument
-    (docs/math.md §5) position j's logit may depend on h_j and x̂_{j-1}, never on x̂_j. ``None`` means
+    (docs/concepts.md §5) position j's logit may depend on h_j and x̂_{j-1}, never on x̂_j. ``None`` means
     the drafter has no confidence head; a ConfidenceModel proxy fills in.
     """
 

@@ -1,6 +1,6 @@
 """Lossless verification: modified rejection sampling over a ragged batch.
 
-Terms, once (docs/math.md §6). R requests, draft block size γ, vocabulary V. For request r the
+Terms, once (docs/concepts.md §6). R requests, draft block size γ, vocabulary V. For request r the
 scheduler chose to verify the first ℓ_r draft tokens x̂_1..x̂_ℓ (0 ≤ ℓ_r ≤ γ; ℓ_r = 0 is plain
 decoding). q_j is the draft distribution x̂_j was sampled from; p_j the target distribution at the
 same position (both after the same temperature / top-k / top-p). Position j is accepted with

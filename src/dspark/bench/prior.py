@@ -7,15 +7,13 @@ before any gated round ran (:class:`dspark.gating.GatePrior`).
   round's seconds less the cost model's step time t(B) + α(R) at its context; the overhead is the
   drafted rounds' median less the plain rounds' (the first round of each pass, which ingests the
   prompts, is left out). The passes alternate (plain, drafted, plain, drafted, …) so that a shared
-  machine's drift reaches both sides: with one short pass each, a 2-core VM whose speed wanders
-  by ±20 % measured 2.6 ms at R = 1 for a drafter whose rounds cost 34 ms more than plain ones
-  (bench28, docs/serving.md). Each round is taken on the cost model's clock, as the gate takes its
+  machine's drift reaches both sides (one short pass each can under-measure the overhead many
+  times over on a VM whose speed wanders; docs/reports/2026-12-04-gate-and-start-up.md). Each round is taken on the cost model's clock, as the gate takes its
   own rounds (``DraftGate.speed_normalised``): its seconds divided by φ = its verification step's
   seconds / the model's t(B) + α(R). The overhead is then in the profile's seconds, the unit of the
-  forecast's t(B), even when the machine ran at another speed while the profile was taken (on
-  2026-12-04 a B = 2 step took 52 ms in the engine against the profile's 38 ms taken 20 minutes
-  earlier, and the prior's 39 ms of drafting at R = 2 read against 38 ms steps forecast a loss
-  where drafting every round measured 1.125× plain).
+  forecast's t(B), even when the machine ran at another speed while the profile was taken (a
+  wall-clock overhead read against a profile taken at another speed can forecast a loss where
+  drafting pays).
 
 A serving engine's operator would time these once per deployment, as for the TensorRT-LLM table.
 """

@@ -108,7 +108,7 @@ def run_order(n: int, repeat: int) -> list[int]:
     over 2n repeats (each row followed by its mirror image). A rotation keeps each scheduler's
     predecessor fixed, so whatever a run leaves behind (a heavy drafting run's heap, a warm cache)
     would bias the same ratio in every repeat: in bench32 sps-greedy ran right after threshold (the
-    largest verification batches) in all three repeats (docs/serving.md)."""
+    largest verification batches) in all three repeats (docs/reports/2026-12-03-bench-c64.md)."""
     if n < 1:
         raise ValueError(f"need at least one scheduler, got {n}")
     # 0, 1, n-1, 2, n-2, ...: consecutive differences all distinct mod n (even n)

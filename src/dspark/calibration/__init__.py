@@ -1,7 +1,7 @@
 """Calibration: raw confidence logits z [R, γ] → calibrated per-step probabilities c [R, γ].
 
 c_j = σ(z_j / T_j) is the probability that draft position j is accepted given that positions < j
-were; a_j = Π_{i≤j} c_i is the prefix survival the scheduler ranks by (docs/math.md §2). A small
+were; a_j = Π_{i≤j} c_i is the prefix survival the scheduler ranks by (docs/concepts.md §2). A small
 per-step bias compounds in a_j, so calibration is judged on survival. Terms and label masks are
 defined in :mod:`dspark.metrics`.
 

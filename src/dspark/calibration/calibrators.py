@@ -243,7 +243,7 @@ def _sts_temperatures(data: Mapping[str, Any], origin: str) -> tuple[float, ...]
 
 @frozen
 class STSCalibrator:
-    """Sequential temperature scaling (docs/math.md §3): c_j = σ(z_j / T_j), one T per position.
+    """Sequential temperature scaling (docs/concepts.md §3): c_j = σ(z_j / T_j), one T per position.
 
     For j = 1..γ in order, T_j minimises the survival ECE of Π_{i≤j} σ(z_i / T_i) against
     [accepted ≥ j] on rows whose position j was verified, T_{<j} fixed. ECE jumps as

@@ -1,6 +1,6 @@
 """Cost models: the hardware's verification speed SPS(B) and the batch B a schedule costs.
 
-Two built-ins satisfy :class:`dspark.protocols.CostModel` (docs/math.md §4):
+Two built-ins satisfy :class:`dspark.protocols.CostModel` (docs/concepts.md §4):
 
 * :class:`SPSTableCostModel` (``"sps-table"``): measured step times from an :class:`SPSProfile`,
   interpolated linearly or as a staircase, because real curves have CUDA-graph buckets (§4).

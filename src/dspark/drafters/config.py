@@ -36,7 +36,7 @@ def _known_head(_i: Any, _a: Any, value: str | None) -> None:
 
 
 def default_layer_ids(num_layers: int, m: int = 5) -> list[int]:
-    """m evenly spread decoder-layer ids (0-based), excluding the last layer (docs/math.md §1).
+    """m evenly spread decoder-layer ids (0-based), excluding the last layer (docs/concepts.md §1).
 
     The reference (DFlash/DeepSpec ``build_target_layer_ids``) spreads m ids over [1, L − 3]::
 
@@ -150,7 +150,7 @@ class DrafterConfig:
         layer_ids: tuple[int, ...] | None = None,
         **overrides: Any,
     ) -> DrafterConfig:
-        """Copy the layer shape from an HF config; defaults per kind are the reference's (docs/drafters.md).
+        """Copy the layer shape from an HF config; defaults per kind are the reference's (docs/drafters-and-training.md).
 
         Draft layers are Qwen3 layers (per-head q/k RMSNorm) whatever the target's architecture, as
         in DeepSpec and vLLM's DSpark model; the mask slots use the target's embedding of

@@ -3,7 +3,7 @@
 Terms: R requests, γ block size, n context positions (committed tokens before the anchor), d
 hidden size, H query heads, H_kv key/value heads, hd head dim. A draft layer attends from the
 block's γ queries to [context K/V ; block K/V]: the context K/V are the layer's *own* k/v
-projections of the fused target features (KV injection, docs/math.md §1), with k-norm and RoPE at
+projections of the fused target features (KV injection, docs/concepts.md §1), with k-norm and RoPE at
 their absolute positions, cached per request; the block's K/V are discarded after each round.
 The block attends bidirectionally to itself (``causal=False``, DSpark/DFlash) or causally
 (``causal=True``, Eagle3's autoregressive layer).

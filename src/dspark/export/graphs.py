@@ -1,6 +1,6 @@
 """Moved: the graphs now live in :mod:`dspark.drafters.graphs`, where the PyTorch drafters run them
 too (one drafting loop for every runner). This module keeps the old import path working
-(``from dspark.export.graphs import graph_specs``, as ``shared/gpu/gpu_check.sh`` does)."""
+(``from dspark.export.graphs import graph_specs``) for callers written against it."""
 
 from dspark.drafters.graphs import (  # noqa: F401
     BackboneGraph,

@@ -13,7 +13,7 @@ from dspark.types import DraftBlock
 class ConfidenceModel(Protocol):
     """Produces raw confidence logits [R, γ] for a draft block.
 
-    Losslessness (docs/math.md §5): the logit at position j may read h_j, q_j and x̂_{j-1}, never the
+    Losslessness (docs/concepts.md §5): the logit at position j may read h_j, q_j and x̂_{j-1}, never the
     draft token x̂_j itself nor any later position.
     """
 

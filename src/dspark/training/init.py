@@ -1,7 +1,7 @@
 """Starting points for training: draft layers copied from the target's top layers, and the
 reduced draft vocabulary chosen from the training data.
 
-Random initialisation wastes a small compute budget (docs/training.md): a draft layer that starts as
+Random initialisation wastes a small compute budget (docs/drafters-and-training.md): a draft layer that starts as
 the target's own top layer already maps a residual stream to next-token logits through the
 target's (frozen, shared) LM head. The fusion layer starts by passing the *highest* captured
 target layer through unchanged, normalised with the copied layer's input norm, so the injected
