@@ -3,7 +3,7 @@
     python examples/custom_scheduler.py
 
 For a distributable plugin put the hook in a module and declare it under
-``[project.entry-points.dspark]`` (see plugins/dspark-budget).
+``[project.entry-points.dspark]`` (see examples/plugins/dspark-budget).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""A third-party sequential head in a DSpark drafter: ``tied-markov`` from plugins/dspark-tiedhead.
+"""A third-party sequential head in a DSpark drafter: ``tied-markov`` from examples/plugins/dspark-tiedhead.
 
-    pip install -e plugins/dspark-tiedhead      # optional: found through its entry point
+    pip install -e examples/plugins/dspark-tiedhead      # optional: found through its entry point
     python examples/third_party_head.py
 
 The head reuses the target's frozen token embedding and LM head, so it learns 3·d·r + r

@@ -55,6 +55,10 @@ for done in "$ARCHIVE"/runs/*/; do
   name=$(basename "$done")
   [ -f "$RUNS/$name/checkpoint/config.json" ] || { mkdir -p "$RUNS/$name" && cp -r "$done"/. "$RUNS/$name/" \
     && echo "restored $done into $RUNS/$name"; }
+  # the weights are stored once: the shipped drafter's in the package; superseded stages of the
+  # dspark-5l-xl chain keep their logs only (data/smollm2-135m/README.md says how to get them back)
+  shipped="src/dspark/checkpoints/smollm2-135m/$name/model.safetensors"
+  [ -f "$RUNS/$name/checkpoint/model.safetensors" ] || [ ! -f "$shipped" ] || cp "$shipped" "$RUNS/$name/checkpoint/"
 done
 
 # 1. data: natural prompts (documentation, real functions, word problems, multi-turn follow-ups),

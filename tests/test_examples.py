@@ -32,7 +32,7 @@ def test_custom_scheduler_example_registers_and_cleans_up():
     assert "half" not in {r["name"] for r in dspark.list_plugins()}
 
 
-# -- custom pipeline and the third-party head (plugins/dspark-tiedhead) ------------------------
+# -- custom pipeline and the third-party head (examples/plugins/dspark-tiedhead) ------------------------
 
 
 def test_custom_pipeline_example_is_the_targets_greedy_decode(one_thread):
@@ -66,7 +66,7 @@ def test_third_party_head_example(one_thread):
     assert ("tied-markov" in {r["name"] for r in dspark.list_plugins()}) == installed
 
 
-INSTALL_HINT = "install the example plugin: pip install -e plugins/dspark-tiedhead (make setup does)"
+INSTALL_HINT = "install the example plugin: pip install -e examples/plugins/dspark-tiedhead (make setup does)"
 
 
 def _tied_row():

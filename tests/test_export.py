@@ -447,12 +447,12 @@ def test_python_dash_m_entry_point(tmp_path):
 
 
 def test_profiles_in_the_repo_load_and_default_matches_the_builtin(tmp_path):
-    files = sorted((ROOT / "export" / "profiles").glob("*.json"))
-    assert files, "export/profiles/*.json"
+    files = sorted((ROOT / "src" / "dspark" / "export" / "profiles").glob("*.json"))
+    assert files, "src/dspark/export/profiles/*.json"
     for f in files:
         load_profile(f)
-    assert load_profile(ROOT / "export" / "profiles" / "default.json") == EngineProfile()
-    p = load_profile(ROOT / "export" / "profiles" / "default.json", batch="1,2,4", precision="bf16")
+    assert load_profile("default") == EngineProfile()
+    p = load_profile("default", batch="1,2,4", precision="bf16")
     assert p.batch == (1, 2, 4) and p.precision == "bf16"
     assert p.axes("backbone", 7) == {"batch": (1, 2, 4), "block": (7, 7, 7), "past": p.past}
     assert p.axes("step", 7)["new"] == (1, 1, 1)

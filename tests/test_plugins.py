@@ -218,7 +218,7 @@ def test_bad_name_rejected(plugin_module):
 
 
 def test_entry_point_plugin_is_loaded_and_can_be_disabled(monkeypatch):
-    """The plugins/dspark-budget package is installed (CI installs it) and found by entry point."""
+    """The examples/plugins/dspark-budget package is installed (CI installs it) and found by entry point."""
     rows = {(r["kind"], r["name"]): r for r in dspark.list_plugins()}
     assert rows[("schedulers", "token-budget")]["plugin"] == "budget"
     assert rows[("schedulers", "token-budget")]["version"] == "0.1.0"

@@ -1,7 +1,7 @@
 """``python -m dspark.export``: a trained drafter checkpoint → ONNX graphs (+ TensorRT engines).
 
     python -m dspark.export CHECKPOINT[:vocab=K] --onnx OUT_DIR [--target smollm2-135m] [--validate]
-    python -m dspark.export CHECKPOINT --trt OUT_DIR [--fp16 | --bf16] [--profile FILE]
+    python -m dspark.export CHECKPOINT --trt OUT_DIR [--fp16 | --bf16] [--profile NAME|FILE]
                             [--batch MIN,OPT,MAX] [--past MIN,OPT,MAX] [--new MIN,OPT,MAX] [--validate]
 
 Exit status: 0 done; 1 ``--validate`` found a mismatch; 2 bad input (one line on stderr, no
@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strongly-typed", action="store_true",
                    help="TensorRT: build --fp16/--bf16 engines strongly typed from reduced-precision ONNX "
                         "graphs also on TensorRT 10 (TensorRT 11 always does)")
-    p.add_argument("--profile", metavar="FILE", help="TensorRT optimisation profile JSON (see export/profiles/)")
+    p.add_argument("--profile", metavar="NAME|FILE", help="TensorRT optimisation profile: a JSON file or a "
+                   "shipped preset (default, interactive-fp16, serving-bf16)")
     for axis, what in (("batch", "requests per round"), ("past", "context length before the anchor"),
                        ("new", "context positions ingested per call")):
         p.add_argument(f"--{axis}", metavar="MIN,OPT,MAX", help=f"TensorRT profile range for {what}")

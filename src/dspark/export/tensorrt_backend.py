@@ -131,14 +131,26 @@ class EngineProfile:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
 
 
+#: the presets shipped with the package (``--profile NAME`` picks one by its file name)
+PROFILES = Path(__file__).parent / "profiles"
+
+
+def shipped_profiles() -> list[str]:
+    """The names of the shipped presets (``default``, ``interactive-fp16``, ``serving-bf16``)."""
+    return sorted(p.stem for p in PROFILES.glob("*.json"))
+
+
 def load_profile(path: str | Path | None = None, **overrides: Any) -> EngineProfile:
-    """An :class:`EngineProfile` from a JSON file (see ``export/profiles/``), then ``overrides``
-    (None values ignored). Unknown keys are an error; ``description`` is allowed."""
+    """An :class:`EngineProfile` from a JSON file, or a shipped preset by name
+    (:func:`shipped_profiles`), then ``overrides`` (None values ignored). Unknown keys are an
+    error; ``description`` is allowed."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if not p.is_file() and str(path) in shipped_profiles():
+            p = PROFILES / f"{path}.json"
         if not p.is_file():
-            raise ExportError(f"profile file {p} does not exist")
+            raise ExportError(f"profile file {p} does not exist (shipped presets: {', '.join(shipped_profiles())})")
         try:
             data = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -518,7 +530,7 @@ class TensorRTDrafter(ExportedDrafter):
         if not manifest.get("engines"):
             raise ExportError(f"{root} has no TensorRT engines; build them with python -m dspark.export CHECKPOINT --trt {root}")
         if verify:
-            verify_files(root, manifest["engines"])
+            verify_files(root, {**manifest["engines"], **(manifest.get("scheduling") or {})})
         drafter = cls(manifest, TensorRTRunner(root, manifest, device), root)
         if target is not None:
             drafter.check_target(target)

@@ -1,6 +1,6 @@
 """A/B at low concurrency (docs/serving-and-benchmarks.md): sps-greedy + draft gate with target features captured always vs within capture_ahead = 16 rounds of a probe, next to plain and fixed:k=7; 8+ requests x 64 tokens, 3 repeats rotated.
 
-    python scripts/capture_ab.py PROFILE.json 1,4
+    python scripts/experiments/capture_ab.py PROFILE.json 1,4
 """
 import statistics
 import sys

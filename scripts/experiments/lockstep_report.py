@@ -1,6 +1,6 @@
-"""Table and figure of several `scripts/lockstep_ab.py` runs (one per concurrency level).
+"""Table and figure of several `scripts/experiments/lockstep_ab.py` runs (one per concurrency level).
 
-    python scripts/lockstep_report.py OUT RUN.json [RUN.json ...]
+    python scripts/experiments/lockstep_report.py OUT RUN.json [RUN.json ...]
 
 Writes OUT.md (per level: each entry's tok/s ratio to the first entry, its ratio to the best
 other entry, the same two at full concurrency only (rounds with c requests live: the closed loop's

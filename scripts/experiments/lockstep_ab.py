@@ -1,7 +1,7 @@
 """Schedulers side by side in lockstep: one round of each engine in turn, so that the VM's speed
 drifts (±40 % within a minute on the 2-core VMs) fall on every engine alike.
 
-    python scripts/lockstep_ab.py PROFILE.json --concurrency 1 --entries plain fixed:k=7 sps-greedy \\
+    python scripts/experiments/lockstep_ab.py PROFILE.json --concurrency 1 --entries plain fixed:k=7 sps-greedy \\
         [--gate sps-greedy] [--requests 6] [--max-new-tokens 64] [--out OUT.json]
 
 Every entry serves the same closed loop (c users, the shipped held-out prompts cycled, joins as
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                    "target_ms_by_B": {b: [round(1e3 * statistics.median(v), 2), len(v)] for b, v in sorted(s["by_B"].items())}}
         print(n, json.dumps(rows[n]), flush=True)
     result = {"concurrency": args.concurrency, "requests": args.requests, "max_new_tokens": args.max_new_tokens,
-              "profile": args.profile, "rows": rows, **({"trace": trace} if args.trace else {}), "command": " ".join(["python", "scripts/lockstep_ab.py", *(argv or sys.argv[1:])])}
+              "profile": args.profile, "rows": rows, **({"trace": trace} if args.trace else {}), "command": " ".join(["python", "scripts/experiments/lockstep_ab.py", *(argv or sys.argv[1:])])}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -1,7 +1,7 @@
 """A/B of what a never-drafting gated engine costs: plain decoding vs sps-greedy with the draft gate
 and a prior under which it never drafts, the same closed-loop workload as `dspark bench` (c users,
 `--requests` requests, joins as requests finish), interleaved repeats, per-round ms.
-    python scripts/gate_overhead_ab.py PROFILE.json GATE_PRIOR.json CONCURRENCY [REPEATS]
+    python scripts/experiments/gate_overhead_ab.py PROFILE.json GATE_PRIOR.json CONCURRENCY [REPEATS]
         [--dtype float32|bfloat16] [--requests N] [--drafter SPEC]
 (PROFILE / GATE_PRIOR: a `dspark bench` run's profile.json and gate_prior.json; --requests defaults
 to CONCURRENCY, all admitted at once)."""

@@ -1,6 +1,6 @@
 """Draft-gate settings side by side on the demo's speed prompts (concurrency 1, dtype chosen by measurement).
 
-    python scripts/gate_ab.py '{"nogate": null, "m100": {"margin": 1.0}, "m105": {"margin": 1.05}}' 3
+    python scripts/experiments/gate_ab.py '{"nogate": null, "m100": {"margin": 1.0}, "m105": {"margin": 1.05}}' 3
 
 Each variant is a JSON object of DraftGate keyword arguments (null: no gate). HF ``generate``
 ("hf") and the engine without a drafter ("plain") run next to them, prompt by prompt; every system
