@@ -14,8 +14,6 @@ defines every tensor) are the oracle:
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -41,10 +39,10 @@ def model(one_thread):
 def _reference_drafter(model, name: str, **overrides) -> Eagle3Drafter:
     from safetensors.torch import load_file
 
-    cfg = json.loads((rf.folder(name) / "config.json").read_text())
+    rf.folder(name)  # config and weights checked against the manifest
     # DeepSpec layer ids; speculators stores them + 1 (its aux states count the embedding output)
-    ids = cfg.get("target_layer_ids") or [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]
-    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3", layer_ids=ids, **overrides))
+    overrides = {"gamma": rf.block_size(name), **overrides}  # DeepSpec's ttt_length
+    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3", layer_ids=rf.layer_ids(name), **overrides))
     assert isinstance(d, Eagle3Drafter)
     state = load_file(str(rf.folder(name) / "model.safetensors"))
     embed, lm_head = state.pop("embed_tokens.weight"), state.pop("lm_head.weight")
@@ -55,9 +53,17 @@ def _reference_drafter(model, name: str, **overrides) -> Eagle3Drafter:
     return d.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight).eval()
 
 
+def _new_features(r: int) -> str:
+    """The key of the target features round r hands the drafter: the prompt's, then those of the
+    tokens committed by round r − 1 (DeepSpec's ``_update``)."""
+    return "prefill/target_hidden_states" if r == 1 else f"round_{r - 1}/update/target_hidden_states"
+
+
 def test_parameter_names_are_deepspecs(model):
-    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3"))
-    assert d.config.target_layer_ids == (0, 1, 2, 3, 4)  # DeepSpec's 5 ids by default
+    ids = rf.layer_ids("deepspec-eagle3")
+    # DeepSpec's Eagle3 reads exactly five target layers, and so does dspark's by default
+    assert len(DrafterConfig.for_target(model.config, "eagle3").target_layer_ids) == len(ids) == 5
+    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3", layer_ids=ids))
     from safetensors import safe_open
 
     with safe_open(str(rf.folder("deepspec-eagle3") / "model.safetensors"), "pt") as f:
@@ -69,15 +75,14 @@ def test_parameter_names_are_deepspecs(model):
 def test_deepspec_eagle3_matches_reference_rounds(model):
     t, meta = rf.cases("deepspec-eagle3")
     d = _reference_drafter(model, "deepspec-eagle3")
-    new_features = {1: t["prefill/target_hidden_states"], 2: t["round_1/update/target_hidden_states"]}
-    for r in (1, 2):
+    for r in rf.rounds("deepspec-eagle3"):
         ctx = DraftContext(["req"], [t[f"round_{r}/known_ids"]], [SamplingParams.greedy()],
-                           features={"hidden": [new_features[r]]})
+                           features={"hidden": [t[_new_features(r)]]})
         blk = d.draft(ctx)
         assert blk.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist() == meta["inference"]["rounds"][r - 1]["draft_tokens"]
         torch.testing.assert_close(blk.hidden[0], t[f"round_{r}/step_hidden"], rtol=HIDDEN_RTOL, atol=HIDDEN_ATOL)
         torch.testing.assert_close(blk.draft_logits[0], t[f"round_{r}/step_logits"], rtol=0, atol=LOGIT_ATOL)
-        first = t["prefill/draft_hidden"] if r == 1 else t["round_1/update/draft_hidden"]
+        first = t["prefill/draft_hidden"] if r == 1 else t[f"round_{r - 1}/update/draft_hidden"]
         torch.testing.assert_close(blk.hidden[0, 0], first, rtol=HIDDEN_RTOL, atol=HIDDEN_ATOL)
         # the cache holds every committed (feature, next token) pair; the last feature waits
         assert d._caches["req"].length == t[f"round_{r}/known_ids"].numel() - 2
@@ -91,14 +96,15 @@ def test_deepspec_eagle3_batched_with_a_fresh_request(model):
     d = _reference_drafter(model, "deepspec-eagle3")
     g = SamplingParams.greedy()
     d.draft(DraftContext(["a"], [t["round_1/known_ids"]], [g], features={"hidden": [t["prefill/target_hidden_states"]]}))
-    other = t["round_1/known_ids"][:7]
+    n = max(2, t["prompt_ids"].numel() // 3)  # a shorter fresh request: n tokens, n − 1 features
+    other = t["round_1/known_ids"][:n]
     blk = d.draft(DraftContext(["a", "b"], [t["round_2/known_ids"], other], [g, g],
                                features={"hidden": [t["round_1/update/target_hidden_states"],
-                                                    t["prefill/target_hidden_states"][:6]]}))
+                                                    t["prefill/target_hidden_states"][: n - 1]]}))
     assert blk.tokens[0].tolist() == t["round_2/draft_tokens"].tolist()
     torch.testing.assert_close(blk.draft_logits[0], t["round_2/step_logits"], rtol=0, atol=LOGIT_ATOL)
     solo = _reference_drafter(model, "deepspec-eagle3").draft(
-        DraftContext(["b"], [other], [g], features={"hidden": [t["prefill/target_hidden_states"][:6]]}))
+        DraftContext(["b"], [other], [g], features={"hidden": [t["prefill/target_hidden_states"][: n - 1]]}))
     torch.testing.assert_close(blk.draft_logits[1], solo.draft_logits[0], rtol=0, atol=LOGIT_ATOL)
 
 
@@ -109,15 +115,17 @@ def test_speculators_eagle3_training_forward_matches_ttt_logits(model):
     t, meta = rf.cases("speculators-eagle3")
     steps = meta["train"]["ttt_steps"]
     d = _reference_drafter(model, "speculators-eagle3", gamma=steps)
-    ids = t["train/input_ids"]  # [27] = x_1 … x_27
+    ids = t["train/input_ids"]  # [S − 1] = x_1 … x_{S−1} (shift_batch)
     n = ids.numel() + 1
-    seq = torch.cat([ids.new_zeros(1), ids])[None]  # [1, 28]; x_0 is never read
-    feats = torch.cat([t["train/hidden_states"], t["train/hidden_states"].new_zeros(1, 320)])[None]  # f_27 unused
+    seq = torch.cat([ids.new_zeros(1), ids])[None]  # [1, S]; x_0 is never read
+    hidden = t["train/hidden_states"]  # [S − 1, feature width]
+    assert hidden.shape[-1] == rf.feature_width("speculators-eagle3")
+    feats = torch.cat([hidden, hidden.new_zeros(1, hidden.shape[-1])])[None]  # the last feature is unused
     batch = Batch(seq, torch.tensor([n]), torch.tensor([0]), feats, torch.zeros(1, n, 1, dtype=torch.long),
                   torch.zeros(1, n, 1), torch.arange(1, n)[None])
     with torch.no_grad():
         out = eagle3_forward(d, batch)
-    assert out.logq.shape == (n - 1, steps, 128)
+    assert out.logq.shape == (n - 1, steps, rf.vocab_size())
     for s in range(steps):
         rows = torch.arange(n - 1) + s <= n - 2  # speculators pads past the end with token 0
         want = torch.log_softmax(t[f"train/ttt_step_{s}/logits"], -1)[rows]
@@ -135,25 +143,28 @@ def test_init_from_target_starts_as_the_targets_top_layer(model):
     drafter is the target's last layer applied to the highest captured feature."""
     from dspark.training.init import init_from_target
 
-    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3", layer_ids=[0, 2, 4]))
+    ids = rf.layer_ids("deepspec-dspark-vanilla")  # any ids other than Eagle3's five
+    d = build_drafter(DrafterConfig.for_target(model.config, "eagle3", layer_ids=ids))
     d.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
     init_from_target(d, model)
-    x = torch.randint(0, 127, (1, 12), generator=torch.Generator().manual_seed(3))
+    x = rf.prompt_ids(12, torch.Generator().manual_seed(3))[None]
     with torch.no_grad():
         hs = model(x, output_hidden_states=True).hidden_states
-        f = d._fuse(torch.cat([hs[1], hs[3], hs[5]], -1)[0])[None]  # = hs[5]
-        pos = torch.arange(12)[None]
-        empty = f.new_zeros(1, 2, 0, 16)
+        high = hs[max(ids) + 1]  # the highest captured feature
+        f = d._fuse(rf.features(hs, ids)[0])[None]  # = high
+        pos = torch.arange(x.shape[1])[None]
+        empty = f.new_zeros(1, rf.num_kv_heads(), 0, rf.head_dim())
         out, _, _ = d._run(x, f, pos, empty, empty, None)
-        top = model.model.layers[-1](hs[5], position_embeddings=model.model.rotary_emb(hs[5], pos),
+        top = model.model.layers[-1](high, position_embeddings=model.model.rotary_emb(high, pos),
                                      attention_mask=None, position_ids=pos)
     top = top[0] if isinstance(top, tuple) else top
     torch.testing.assert_close(out, top, rtol=1e-5, atol=1e-4)
 
 
 def test_legacy_eagle3_fused_still_builds_drafts_and_trains(model):
-    assert DrafterConfig.for_target(model.config, "eagle3-fused").target_layer_ids == (1, 2, 3)  # low/mid/high
-    cfg = DrafterConfig.for_target(model.config, "eagle3-fused", gamma=4, layer_ids=(0, 2, 4))
+    default = DrafterConfig.for_target(model.config, "eagle3-fused").target_layer_ids  # low / mid / high
+    assert len(default) == 3 and list(default) == sorted(set(default)) and max(default) < rf.num_target_layers() - 1
+    cfg = DrafterConfig.for_target(model.config, "eagle3-fused", gamma=4)
     assert cfg.num_layers == 1
     torch.manual_seed(0)
     d = build_drafter(cfg)
@@ -161,14 +172,13 @@ def test_legacy_eagle3_fused_still_builds_drafts_and_trains(model):
     assert {"fuse.weight", "in_proj.weight", "layer.q_proj.weight", "norm.weight"} <= set(d.state_dict())
     d.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight).eval()
     t, _ = rf.cases("deepspec-eagle3")
-    ids = t["round_1/known_ids"]  # prompt + anchor at position 20
+    ids = t["round_1/known_ids"]  # prompt + anchor
 
-    def features(seq: torch.Tensor) -> torch.Tensor:  # [1, n] → [1, n, 3d] (layers 0, 2, 4)
+    def features(seq: torch.Tensor) -> torch.Tensor:  # [1, n] → [1, n, 3d] (the captured layers)
         with torch.no_grad():
-            hs = model(seq, output_hidden_states=True).hidden_states
-        return torch.cat([hs[1], hs[3], hs[5]], -1)
+            return rf.features(model(seq, output_hidden_states=True).hidden_states, cfg.target_layer_ids)
 
-    feats = features(ids[None, :-1])[0]  # context positions 0…19
+    feats = features(ids[None, :-1])[0]  # context positions 0 … anchor − 1
     blk = d.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
     assert blk.tokens.shape == (1, 4) and blk.hidden is None
     assert torch.isfinite(blk.draft_logits).all()
@@ -194,11 +204,11 @@ def test_export_parity(model, kind, tmp_path):
         d = _reference_drafter(model, "deepspec-eagle3", gamma=4)
     else:
         torch.manual_seed(1)
-        d = build_drafter(DrafterConfig.for_target(model.config, kind, gamma=4, layer_ids=(0, 2, 4)))
+        d = build_drafter(DrafterConfig.for_target(model.config, kind, gamma=4))
         d.bind_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight).eval()
     manifest = export_onnx(d, tmp_path, target_spec="fixture-target")
     assert manifest["kind"] == kind and list(manifest["graphs"]) == ["fuse", "context", "step"]
-    assert manifest["feature_size"] == len(d.target_layer_ids) * 64 and manifest["num_layers"] == 1
+    assert manifest["feature_size"] == len(d.target_layer_ids) * rf.hidden_size() and manifest["num_layers"] == 1
     report = compare_drafters(d, OrtDrafter.from_dir(tmp_path, threads=1))
     assert report.max_abs_logits <= 1e-4
     assert report.greedy_tokens_equal and report.sampled_tokens_equal
@@ -212,9 +222,10 @@ def test_checkpoint_folders_load_through_from_pretrained(model, name):
 
     t, _ = rf.cases("deepspec-eagle3")
     d = from_pretrained(rf.folder(name), rf.target())
-    assert isinstance(d, Eagle3Drafter) and d.config.target_layer_ids == (0, 1, 2, 3, 4)
-    for r, feats in ((1, t["prefill/target_hidden_states"]), (2, t["round_1/update/target_hidden_states"])):
+    assert isinstance(d, Eagle3Drafter) and d.config.target_layer_ids == rf.layer_ids("deepspec-eagle3")
+    assert d.gamma == rf.block_size(name) == rf.block_size("deepspec-eagle3")
+    for r in rf.rounds("deepspec-eagle3"):
         blk = d.draft(DraftContext(["req"], [t[f"round_{r}/known_ids"]], [SamplingParams.greedy()],
-                                   features={"hidden": [feats]}))
+                                   features={"hidden": [t[_new_features(r)]]}))
         assert blk.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist()
         torch.testing.assert_close(blk.draft_logits[0], t[f"round_{r}/step_logits"], rtol=0, atol=LOGIT_ATOL)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import reference_fixtures as rf
 from dspark.drafters.config import DrafterConfig, TargetInfo
 from dspark.drafters.layers import LayerShape
 from dspark.drafters.neural import build_drafter
@@ -38,16 +39,22 @@ RULES = [  # DeepSpec checkpoint keys → dspark BlockDrafter keys
 
 
 def _drafter(name: str):
-    """A dspark BlockDrafter carrying the fixture checkpoint ``name`` (DeepSpec key names)."""
+    """A dspark BlockDrafter carrying the fixture checkpoint ``name`` (DeepSpec key names), its
+    shape built by hand from the checkpoint's own DeepSpec config.json (not through dspark's reader)."""
     from safetensors.torch import load_file
 
     sd = load_file(str(folder(name) / "model.safetensors"))
-    dflash = "dflash" in name
-    head = None if dflash else HEADS[("vanilla", "gated", "rnn")[[k in name for k in ("vanilla", "gated", "rnn")].index(True)]]
-    cfg = DrafterConfig(kind="dflash" if dflash else "dspark", vocab_size=128,
-                        layer=LayerShape(64, 4, 2, 16, 128, 1e-6, 10000.0, True),
-                        target=TargetInfo("target", 128, 64, 6), target_layer_ids=(0, 2, 4), num_layers=2, gamma=7,
-                        head=head, rank=16, confidence=not dflash, mask_token_id=127)
+    c = rf.config(name)
+    dflash = not c["markov_rank"]  # DeepSpec's DFlash: the same class, markov_rank 0, no confidence head
+    assert dflash == (not c["enable_confidence_head"])
+    layer = LayerShape(c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
+                       c["intermediate_size"], c["rms_norm_eps"], c["rope_parameters"]["rope_theta"], True)
+    cfg = DrafterConfig(kind="dflash" if dflash else "dspark", vocab_size=c["vocab_size"], layer=layer,
+                        target=TargetInfo("target", c["vocab_size"], c["hidden_size"], c["num_target_layers"]),
+                        target_layer_ids=tuple(c["target_layer_ids"]), num_layers=c["num_hidden_layers"],
+                        gamma=c["block_size"], head=None if dflash else HEADS[c["markov_head_type"]],
+                        rank=c["markov_rank"] or 1, confidence=bool(c["enable_confidence_head"]),
+                        mask_token_id=c["mask_token_id"])
     d = build_drafter(cfg)
     state = {}
     for k, v in sd.items():
@@ -63,28 +70,42 @@ def _drafter(name: str):
     return d.eval()
 
 
+def _prompt_len(t: dict[str, torch.Tensor]) -> int:
+    """The case's "prompt": the loss mask's leading zeros."""
+    return int(t["train/loss_mask"].nonzero()[0])
+
+
+def _shape(name: str) -> tuple[int, int]:
+    """(anchors, block size) of the training case of DeepSpec folder ``name``."""
+    return cases(name)[1]["train"]["num_anchors"], rf.block_size(name)
+
+
 def _batch(t: dict[str, torch.Tensor], anchors: list[int], *, feats: str = "train/target_hidden_states",
            last: str | None = "train/target_last_hidden_states") -> Batch:
     ids = t["train/input_ids"][None]
     n = ids.shape[1]
-    return Batch(ids, torch.tensor([n]), torch.tensor([5]), t[feats][None], None, None, torch.tensor([anchors]),
-                 last_hidden=t[last][None] if last else None, loss_mask=t["train/loss_mask"][None])
+    return Batch(ids, torch.tensor([n]), torch.tensor([_prompt_len(t)]), t[feats][None], None, None,
+                 torch.tensor([anchors]), last_hidden=t[last][None] if last else None,
+                 loss_mask=t["train/loss_mask"][None])
 
 
 @pytest.mark.parametrize("name", DEEPSPEC_BLOCK)
 def test_training_forward_and_loss_match_deepspec(name):
     t, js = cases(name)
     d = _drafter(name)
+    anchors = t["train/anchor_positions"].tolist()
+    assert len(anchors) == js["train"]["num_anchors"] and t["train/input_ids"].numel() == js["train"]["seq_len"]
     with torch.no_grad():
-        out = block_forward(d, _batch(t, t["train/anchor_positions"].tolist()))
+        out = block_forward(d, _batch(t, anchors))
     tol = dict(atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.hidden, t["train/block_hidden"].reshape(4, 7, 64), **tol)
+    assert out.logits.shape == (*_shape(name), rf.vocab_size())
+    torch.testing.assert_close(out.hidden, t["train/block_hidden"].reshape(*_shape(name), rf.hidden_size()), **tol)
     torch.testing.assert_close(out.logits, t["train/draft_logits"], **tol)
     torch.testing.assert_close(out.logq, t["train/draft_logprobs"], **tol)
     torch.testing.assert_close(out.p.log(), t["train/teacher_logprobs"], **tol)
     assert torch.equal(out.label, t["train/target_ids"])
     assert torch.equal(out.valid.long(), t["train/eval_mask"].long())
-    w = loss_weights(out.valid, 4.0)
+    w = loss_weights(out.valid, js["train"]["loss"]["loss_decay_gamma"])
     assert torch.equal(w, t["train/loss_weight"])
     torch.testing.assert_close(ce_per_token(out.logq, out.label) * out.valid, t["train/ce_per_token"] * out.valid, **tol)
     l1 = l1_per_token(out.logq, out.p, out.p_out)
@@ -115,10 +136,11 @@ def test_training_forward_and_loss_match_deepspec(name):
 @pytest.mark.parametrize("name", ["speculators-dspark", "speculators-dflash"])
 def test_training_logits_match_speculators(name):
     t, _ = cases(name)
-    d = _drafter(name.replace("speculators-dspark", "deepspec-dspark-vanilla").replace("speculators-", "deepspec-"))
+    d = _drafter(rf.twin(name))  # the DeepSpec folder with the same tensors
     batch = _batch(t, t["train/anchor_positions"].tolist(), feats="train/hidden_states", last=None)
-    batch = Batch(batch.ids, batch.lengths, batch.prompt_lens, batch.feats, torch.zeros(1, 28, 1, dtype=torch.long),
-                  torch.zeros(1, 28, 1), batch.anchors, loss_mask=batch.loss_mask)
+    n = batch.ids.shape[1]
+    batch = Batch(batch.ids, batch.lengths, batch.prompt_lens, batch.feats, torch.zeros(1, n, 1, dtype=torch.long),
+                  torch.zeros(1, n, 1), batch.anchors, loss_mask=batch.loss_mask)
     with torch.no_grad():
         out = block_forward(d, batch)
     torch.testing.assert_close(out.logits, t["train/logits"], atol=1e-4, rtol=1e-4)
@@ -134,21 +156,24 @@ def test_full_teacher_from_the_targets_final_normed_state():
     t, _ = cases("deepspec-dspark-vanilla")
     model = target_model()
     ids = t["train/input_ids"].tolist()
-    row = teacher_forward(model, [ids], [0, 2, 4])[0]
+    layers = list(rf.layer_ids("deepspec-dspark-vanilla"))
+    row = teacher_forward(model, [ids], layers)[0]
     tol = dict(atol=2e-4, rtol=1e-4)  # DeepSpec's hooked forward vs a plain one: attention rounding
     torch.testing.assert_close(row.feats, t["train/target_hidden_states"], **tol)
     torch.testing.assert_close(row.last_hidden, t["train/target_last_hidden_states"], **tol)
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits[0]
         torch.testing.assert_close(row.last_hidden @ model.lm_head.weight.T, logits, atol=1e-4, rtol=1e-4)
-    topk = teacher_forward(model, [ids], [0, 2, 4], 5, teacher="topk")[0]
-    assert topk.last_hidden is None and topk.top_ids.shape == (28, 5)
+    topk = teacher_forward(model, [ids], layers, 5, teacher="topk")[0]
+    assert topk.last_hidden is None and topk.top_ids.shape == (len(ids), 5)
 
 
 def test_eval_mask_and_weights_on_the_fixture_layout():
     t, _ = cases("deepspec-dflash")
     a = t["train/anchor_positions"]
-    m = eval_mask((a[:, None] + torch.arange(7) + 1)[None], t["train/loss_mask"][None], torch.ones(1, 4, dtype=torch.bool))
+    n_anchors, block = _shape("deepspec-dflash")
+    m = eval_mask((a[:, None] + torch.arange(block) + 1)[None], t["train/loss_mask"][None],
+                  torch.ones(1, n_anchors, dtype=torch.bool))
     assert torch.equal(m[0].long(), t["train/eval_mask"].long())
     assert torch.equal(loss_weights(m[0]), t["train/loss_weight"])
     assert not m[0, :, :].any() or loss_weights(m[0])[0, 0] == 1.0
@@ -167,9 +192,13 @@ def test_anchors_only_inside_the_response():
     assert sample_anchors(cfg, 3, 3, 30, 9) != a or sample_anchors(cfg, 4, 2, 30, 9) != a
     t, _ = cases("deepspec-dflash")
     mask = t["train/loss_mask"].tolist()
-    cand = anchor_candidates(28, 5, mask)
+    S = len(mask)
+    cand = anchor_candidates(S, _prompt_len(t), mask)
     assert set(t["train/anchor_positions"].tolist()) <= set(cand)
-    assert {12, 16, 26} <= set(cand) and not {13, 14, 15, 27} & set(cand)  # gap at 14–15, end at 27
+    # DeepSpec's rule (the fixture README): a with loss_mask[a] = loss_mask[a + 1] = 1; none in a
+    # gap, none just before one, none at the last position
+    assert cand == [a for a in range(S - 1) if mask[a] and mask[a + 1]]
+    assert cand and S - 1 not in cand
     assert sample_anchors(cfg, 0, 0, 6, 5) == []  # a one-token response has no label after it
 
 
@@ -179,9 +208,17 @@ def test_two_halves_of_a_batch_sum_to_the_whole(name):
     so R ranks that all-reduce them give exactly the single-process loss and gradient."""
     t, js = cases(name)
     d = _drafter(name)
-    b = _batch(t, t["train/anchor_positions"].tolist())
+    anchors = t["train/anchor_positions"].tolist()
+    b = _batch(t, anchors)
+    # the second row: other valid anchors (every candidate the first row does not use, spread), one slot empty
+    mask = t["train/loss_mask"].tolist()
+    others = [a for a in anchor_candidates(len(mask), _prompt_len(t), mask) if a not in anchors]
+    k = len(anchors) - 1
+    assert k >= 1 and len(others) >= k
+    second = [others[round(i * (len(others) - 1) / max(k - 1, 1))] for i in range(k)] + [-1]
+    assert len(set(second[:-1])) == k
     two = Batch(b.ids.repeat(2, 1), b.lengths.repeat(2), b.prompt_lens.repeat(2), b.feats.repeat(2, 1, 1), None, None,
-                torch.tensor([[5, 10, 17, 23], [6, 12, 20, -1]]), last_hidden=b.last_hidden.repeat(2, 1, 1),
+                torch.tensor([anchors, second]), last_hidden=b.last_hidden.repeat(2, 1, 1),
                 loss_mask=b.loss_mask.repeat(2, 1))
 
     def terms(batch):

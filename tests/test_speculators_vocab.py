@@ -27,7 +27,7 @@ from dspark.types import SamplingParams
 from helpers import tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-FIXTURE_V = 128  # the fixtures' target vocabulary
+FIXTURE_V = rf.vocab_size()  # the fixtures' target vocabulary (read from the target's config)
 
 
 def _reduce_fixture(name: str, kept: list[int], out, w1_outside: str = "common"):
@@ -57,26 +57,27 @@ def _kept_for(tokens: list[int], step: int = 3) -> list[int]:
     return sorted(set(range(1, FIXTURE_V, step)) | set(tokens))
 
 
-def _block_rounds(drafter, t):
+def _block_rounds(drafter, t, rounds):
     out = []
-    for r in (1, 2):
+    for r in rounds:
         ids = t[f"round_{r}/known_ids"]
         ctx = DraftContext(["req"], [ids], [SamplingParams.greedy()], features={"hidden": [t[f"round_{r}/target_hidden_states"]]})
         out.append(drafter.draft(ctx))
     return out
 
 
-@pytest.mark.parametrize("name,twin", [("speculators-dspark", "deepspec-dspark-vanilla"),
-                                       ("speculators-dflash", "deepspec-dflash")])
-def test_a_reduced_speculators_block_drafter_drafts_the_references_logits_on_its_tokens(name, twin, tmp_path):
+@pytest.mark.parametrize("name", ["speculators-dspark", "speculators-dflash"])
+def test_a_reduced_speculators_block_drafter_drafts_the_references_logits_on_its_tokens(name, tmp_path):
+    twin = rf.twin(name)  # the DeepSpec folder whose tensors (and inference cases) it carries
     t, _ = rf.cases(twin)
-    seen = [int(x) for r in (1, 2) for x in [*t[f"round_{r}/known_ids"][-1:], *t[f"round_{r}/draft_tokens"]]]
+    rounds = rf.rounds(twin)
+    seen = [int(x) for r in rounds for x in [*t[f"round_{r}/known_ids"][-1:], *t[f"round_{r}/draft_tokens"]]]
     kept = _kept_for(seen)
     folder = _reduce_fixture(name, kept, tmp_path / "reduced")
     drafter = from_pretrained(folder, rf.target())
     assert drafter.config.draft_vocab_size == len(kept) + 1
     other = [v for v in range(FIXTURE_V) if v not in kept]
-    for r, block in zip((1, 2), _block_rounds(drafter, t)):
+    for r, block in zip(rounds, _block_rounds(drafter, t, rounds)):
         assert block.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist()
         ref = t[f"round_{r}/step_logits"]  # [γ, V] the reference's, full vocabulary
         torch.testing.assert_close(block.draft_logits[0][:, kept].float(), ref[:, kept], atol=1e-5, rtol=0)
@@ -87,14 +88,15 @@ def test_a_reduced_speculators_block_drafter_drafts_the_references_logits_on_its
 
 def test_a_reduced_speculators_eagle3_drafts_the_references_logits_on_its_tokens(tmp_path):
     t, _ = rf.cases("deepspec-eagle3")
-    seen = [int(x) for r in (1, 2) for x in [*t[f"round_{r}/known_ids"][-1:], *t[f"round_{r}/draft_tokens"]]]
+    rounds = rf.rounds("deepspec-eagle3")
+    seen = [int(x) for r in rounds for x in [*t[f"round_{r}/known_ids"][-1:], *t[f"round_{r}/draft_tokens"]]]
     kept = _kept_for(seen)
     drafter = from_pretrained(_reduce_fixture("speculators-eagle3", kept, tmp_path / "reduced"), rf.target())
     assert drafter.config.kind == "eagle3" and drafter.config.draft_vocab_size == len(kept) + 1
-    features = {1: t["prefill/target_hidden_states"], 2: t["round_1/update/target_hidden_states"]}
-    for r in (1, 2):
+    for r in rounds:  # new features: the prompt's, then those of the tokens round r − 1 committed
+        new = "prefill/target_hidden_states" if r == 1 else f"round_{r - 1}/update/target_hidden_states"
         blk = drafter.draft(DraftContext(["req"], [t[f"round_{r}/known_ids"]], [SamplingParams.greedy()],
-                                         features={"hidden": [features[r]]}))
+                                         features={"hidden": [t[new]]}))
         assert blk.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist()
         torch.testing.assert_close(blk.draft_logits[0][:, kept], t[f"round_{r}/step_logits"][:, kept], atol=1e-5, rtol=0)
 
@@ -106,7 +108,7 @@ def test_bad_reduced_vocabularies_are_named(tmp_path):
         "d2t not ascending": (lambda w, c: w.__setitem__("d2t", w["d2t"].flip(0)), "ascending"),
         "t2d off": (lambda w, c: w["t2d"].__setitem__(0, not bool(w["t2d"][0])), "t2d does not mark"),
         "d2t short": (lambda w, c: w.__setitem__("d2t", w["d2t"][:-1]), "d2t has"),
-        "vocab too big": (lambda w, c: c.__setitem__("draft_vocab_size", FIXTURE_V + 1), "draft_vocab_size 129"),
+        "vocab too big": (lambda w, c: c.__setitem__("draft_vocab_size", FIXTURE_V + 1), f"draft_vocab_size {FIXTURE_V + 1}"),
     }
     for i, (spoil, message) in enumerate(cases.values()):
         folder = _reduce_fixture("speculators-dspark", kept, tmp_path / f"bad{i}")
