@@ -80,23 +80,6 @@ if __name__ == "__main__":
 '''
 
 
-def export_hf_folder(model: Any, tokenizer: Any, folder: Path) -> Path:
-    """The target as a plain HF folder another engine can load (a GGUF-loaded model cannot be
-    ``save_pretrained`` as is: its weights are copied into a fresh model of the same config)."""
-    from transformers import AutoModelForCausalLM
-
-    values = model.config.to_dict()
-    for key in ("quantization_config", "_model_name_or_path", "_name_or_path"):
-        values.pop(key, None)  # the GGUF loader's: the copy holds plain tensors
-    values["architectures"] = [type(model).__name__]
-    config = type(model.config).from_dict(values)
-    fresh = AutoModelForCausalLM.from_config(config, dtype=next(model.parameters()).dtype)
-    fresh.load_state_dict(model.state_dict())
-    fresh.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def run_vllm(python: str, folder: Path, dtype: str, prompts: list[list[int]], n: int, levels: list[int],
              repeats: int, timeout: float) -> dict[str, Any]:
     """vLLM's results, or {"error": one sentence}."""
@@ -173,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     from dspark.drafters.checkpoint import from_pretrained
     from dspark.engine import Engine, encode_prompt
     from dspark.fast import build_target
-    from dspark.models import load_causal_lm
+    from dspark.models import export_hf_folder, load_causal_lm
 
     levels = [int(x) for x in args.concurrency.split(",")]
     steps = [s for s in args.steps.split(",") if s]

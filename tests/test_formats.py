@@ -30,6 +30,9 @@ def target(one_thread):
     return rf.target()
 
 
+VERIFIER = rf.ROOT / "target"  # DeepSpec block configs name no verifier; the speculators writer needs one
+
+
 def _bytes(folder, name="model.safetensors"):
     return (folder / name).read_bytes()
 
@@ -74,7 +77,7 @@ def _assert_same_fields(mine, ref, keys):
 def _convert_and_compare(src, to, reference, tmp_path, keys):
     """Convert fixture ``src`` to format ``to``: its weights must be the bytes of fixture
     ``reference``, its config equal on ``keys``; → (our config, the reference's)."""
-    out = formats.convert(rf.folder(src), to, tmp_path / "out")
+    out = formats.convert(rf.folder(src), to, tmp_path / "out", verifier=VERIFIER if to == "speculators" else None)
     assert _bytes(out) == _bytes(rf.folder(reference))
     mine = json.loads((out / "config.json").read_text())
     ref = json.loads((rf.folder(reference) / "config.json").read_text())
@@ -110,7 +113,7 @@ def test_round_trip_through_dspark_format_with_the_target(name, target, tmp_path
     """DeepSpec → dspark (no target tensors stored) → DeepSpec (the target supplies them): same bytes."""
     mid = formats.convert(rf.folder(name), "dspark", tmp_path / "dspark")
     assert "embed_tokens.weight" not in load_file(str(mid / "model.safetensors"))
-    assert read_config(mid).mask_token_id == 127
+    assert read_config(mid).mask_token_id == rf.mask_token_id(name)
     back = formats.convert(mid, "deepspec", tmp_path / "back", target=target)
     assert _bytes(back) == _bytes(rf.folder(name))
     with pytest.raises(CheckpointError, match="embedding and LM head"):
@@ -127,10 +130,12 @@ def test_gated_and_rnn_heads_are_refused_for_vllm(name, tmp_path):
 
 
 def test_cli_convert_one_liner(tmp_path, capsys):
-    rc = cli_main(["convert", str(rf.folder("deepspec-dspark-vanilla")), str(tmp_path / "out"), "--to", "speculators"])
+    rc = cli_main(["convert", str(rf.folder("deepspec-dspark-vanilla")), str(tmp_path / "out"), "--to", "speculators",
+                   "--verifier", str(VERIFIER)])
     assert rc == 0 and "deepspec" in capsys.readouterr().out
     assert _bytes(tmp_path / "out") == _bytes(rf.folder("speculators-dspark"))
-    rc = cli_main(["convert", str(rf.folder("deepspec-dspark-vanilla")), str(tmp_path / "out"), "--to", "speculators"])
+    rc = cli_main(["convert", str(rf.folder("deepspec-dspark-vanilla")), str(tmp_path / "out"), "--to", "speculators",
+                   "--verifier", str(VERIFIER)])
     assert rc == 2 and "exists" in capsys.readouterr().err  # never clobbered without --overwrite
 
 
@@ -142,18 +147,20 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
 
     monkeypatch.setattr(st, "save_file", boom)
     with pytest.raises(OSError, match="disk full"):
-        formats.convert(rf.folder("deepspec-dflash"), "speculators", tmp_path / "out")
+        formats.convert(rf.folder("deepspec-dflash"), "speculators", tmp_path / "out", verifier=VERIFIER)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_weight_shape_mismatch_names_key_and_shapes(tmp_path, target):
     shutil.copytree(rf.folder("deepspec-dflash"), tmp_path / "ck")
     state = load_file(str(tmp_path / "ck" / "model.safetensors"))
-    state["fc.weight"] = state["fc.weight"][:, :128].contiguous()
+    d, width = rf.hidden_size(), rf.feature_width("deepspec-dflash")  # fc: features → d
+    assert state["fc.weight"].shape == (d, width)
+    state["fc.weight"] = state["fc.weight"][:, : width - 1].contiguous()
     save_file(state, str(tmp_path / "ck" / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointError) as err:
         from_pretrained(tmp_path / "ck", target)
-    assert "fc.weight" in str(err.value) and "(64, 128)" in str(err.value) and "(64, 192)" in str(err.value)
+    assert "fc.weight" in str(err.value) and f"({d}, {width - 1})" in str(err.value) and f"({d}, {width})" in str(err.value)
 
 
 def test_checkpoint_for_another_verifier_names_both(tmp_path):
@@ -197,25 +204,27 @@ def _zlab_folder(tmp_path, block_size):
 def test_zlab_dflash_drafts_from_the_mask_slots_only(tmp_path, target):
     """z-lab's block of B is [anchor, MASK × (B−1)] and its anchor row predicts nothing: its γ = B − 1
     drafts are rows 1..B−1 of the same forward that DeepSpec's DFlash (rows 0..B−1) runs."""
-    zlab = from_pretrained(_zlab_folder(tmp_path, 8), target)
+    gamma = rf.block_size("deepspec-dflash")
+    B = gamma + 1  # z-lab's block of B gives the γ drafts of DeepSpec's block of γ
+    zlab = from_pretrained(_zlab_folder(tmp_path, B), target)
     assert formats.detect(tmp_path / "zlab") == "zlab-dflash"
-    assert zlab.gamma == 7 and not zlab.config.sample_from_anchor
+    assert zlab.gamma == gamma and not zlab.config.sample_from_anchor
     t, _ = rf.cases("deepspec-dflash")
     ids, feats = t["round_1/known_ids"], t["round_1/target_hidden_states"]
     block = zlab.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
     ref_cfg = json.loads((rf.folder("deepspec-dflash") / "config.json").read_text())
-    ref_cfg["block_size"] = 8
-    (tmp_path / "ds8").mkdir()
-    (tmp_path / "ds8" / "config.json").write_text(json.dumps(ref_cfg))
-    shutil.copy(rf.folder("deepspec-dflash") / "model.safetensors", tmp_path / "ds8" / "model.safetensors")
-    ds8 = from_pretrained(tmp_path / "ds8", target)
-    rows = ds8.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
+    ref_cfg["block_size"] = B
+    (tmp_path / "ds_block_B").mkdir()
+    (tmp_path / "ds_block_B" / "config.json").write_text(json.dumps(ref_cfg))
+    shutil.copy(rf.folder("deepspec-dflash") / "model.safetensors", tmp_path / "ds_block_B" / "model.safetensors")
+    dsB = from_pretrained(tmp_path / "ds_block_B", target)
+    rows = dsB.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
     torch.testing.assert_close(block.draft_logits[0], rows.draft_logits[0, 1:], atol=1e-5, rtol=0)
     assert block.tokens[0].tolist() == rows.tokens[0, 1:].tolist()
     # written as speculators it keeps sample_from_anchor false and block_size B
-    out = formats.convert(tmp_path / "zlab", "speculators", tmp_path / "spec")
+    out = formats.convert(tmp_path / "zlab", "speculators", tmp_path / "spec", verifier=VERIFIER)
     spec = json.loads((out / "config.json").read_text())
-    assert spec["sample_from_anchor"] is False and spec["block_size"] == 8
+    assert spec["sample_from_anchor"] is False and spec["block_size"] == B
     with pytest.raises(CheckpointError, match="z-lab"):
         formats.convert(tmp_path / "zlab", "deepspec", tmp_path / "ds")
 
@@ -239,7 +248,7 @@ def test_unknown_verifier_layer_count_is_not_guessed(tmp_path, target):
     with pytest.raises(CheckpointError, match="num_target_layers"):
         formats.convert(tmp_path / "spec", "deepspec", tmp_path / "out")
     out = formats.convert(tmp_path / "spec", "deepspec", tmp_path / "out", target=target)
-    assert json.loads((out / "config.json").read_text())["num_target_layers"] == 6
+    assert json.loads((out / "config.json").read_text())["num_target_layers"] == rf.num_target_layers()
 
 
 def _user_files(root):
@@ -271,9 +280,9 @@ def test_convert_overwrite_never_deletes_what_dspark_did_not_write(where, tmp_pa
 
 def test_convert_overwrite_replaces_a_folder_dspark_wrote(tmp_path):
     out = tmp_path / "out"
-    formats.convert(rf.folder("deepspec-dflash"), "speculators", out)
+    formats.convert(rf.folder("deepspec-dflash"), "speculators", out, verifier=VERIFIER)
     assert (out / ".dspark-output").is_file()
-    formats.convert(rf.folder("deepspec-dspark-vanilla"), "speculators", out, overwrite=True)
+    formats.convert(rf.folder("deepspec-dspark-vanilla"), "speculators", out, overwrite=True, verifier=VERIFIER)
     assert _bytes(out) == _bytes(rf.folder("speculators-dspark"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary or old folder left beside it
 
@@ -322,5 +331,5 @@ def test_convert_refuses_a_checkpoint_that_contradicts_its_config(tmp_path, case
              "huge": dict(config=huge)}
     src = _edited(tmp_path, "deepspec-dflash", **edits[case])
     with pytest.raises(CheckpointError, match=match):  # a 10⁹ size allocated would take minutes and GBs
-        formats.convert(src, "speculators", tmp_path / "out")
+        formats.convert(src, "speculators", tmp_path / "out", verifier=VERIFIER)
     assert not (tmp_path / "out").exists()

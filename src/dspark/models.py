@@ -11,7 +11,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SMOLLM2", "smollm2_gguf", "load_causal_lm", "model_identity", "resolve_device"]
+__all__ = ["HUB_IDS", "SMOLLM2", "export_hf_folder", "export_target", "hub_id", "load_causal_lm", "model_identity", "resolve_device",
+           "smollm2_gguf"]
 
 SMOLLM2 = "smollm2-135m"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -111,6 +112,55 @@ def load_causal_lm(spec: str = SMOLLM2, dtype: Any = None, device: Any = None) -
     return model, tokenizer
 
 
+def export_hf_folder(model: Any, tokenizer: Any, folder: str | Path) -> Path:
+    """Write ``model`` (and ``tokenizer``: its chat template included) as a plain HF folder that
+    transformers, speculators and vLLM load: config with ``architectures`` (the model's class where
+    its config names none), safetensors weights, generation config. A GGUF-loaded model cannot be
+    ``save_pretrained`` as is ("quantized with gguf … not serializable"): its (de-quantised) weights
+    are copied into a fresh model of the same config, without the GGUF loader's fields."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    values = model.config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path", "_name_or_path"):
+        values.pop(key, None)  # the GGUF loader's: the copy holds plain tensors
+    values["architectures"] = list(getattr(model.config, "architectures", None) or [type(model).__name__])
+    config = type(model.config).from_dict(values)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=next(model.parameters()).dtype)
+    fresh.load_state_dict(model.state_dict())
+    if getattr(model, "generation_config", None) is not None:
+        fresh.generation_config = copy.deepcopy(model.generation_config)
+    fresh.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def export_target(spec: str = SMOLLM2, out: str | Path = "target-hf", *, dtype: Any = None,
+                  overwrite: bool = False) -> Path:
+    """Load target ``spec`` (:func:`load_causal_lm`) and write it whole to folder ``out`` with
+    :func:`export_hf_folder`, all or nothing; ``out`` is replaced only if it is empty or dspark
+    wrote it (:mod:`dspark.outdir`). A converted drafter names the folder as its verifier
+    (``dspark convert … --verifier OUT``)."""
+    import shutil
+
+    from dspark.outdir import build_beside, check_replaceable, swap_in
+
+    sources = [smollm2_gguf()] if spec == SMOLLM2 else [spec]
+    out = check_replaceable(out, overwrite=overwrite, sources=sources)  # before the (slow) load
+    model, tokenizer = load_causal_lm(spec, dtype)
+    tmp = build_beside(out)
+    try:
+        export_hf_folder(model, tokenizer, tmp)
+        swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
 def cache_kwarg(model: Any) -> str:
     """Name of the KV-cache argument of ``model.forward`` (``cache`` from transformers 5.2x on)."""
     import inspect
@@ -142,3 +192,13 @@ def model_identity(model: Any) -> dict[str, str]:
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return {"name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__),
             "dtype": dtype or "none", "digest": h.hexdigest()}
+
+
+# dspark's model aliases → the hub id of the model they are (what a reference checkpoint names as
+# its verifier, so that speculators / vLLM resolve it; the alias itself is dspark's only).
+HUB_IDS = {SMOLLM2: "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def hub_id(spec: str | None) -> str | None:
+    """The hub id of dspark model alias ``spec`` (``"smollm2-135m"``), else None."""
+    return HUB_IDS.get(spec) if spec else None

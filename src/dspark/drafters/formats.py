@@ -43,10 +43,19 @@ from dspark.drafters.kinds import drafter_kind, kind_names
 from dspark.drafters.layers import LayerShape
 from dspark.drafters.speculators_vocab import from_speculators_vocab, to_speculators_vocab
 
-__all__ = ["FORMATS", "FormatError", "Portable", "detect", "read", "write", "convert", "build", "portable_from_drafter"]
+__all__ = ["FORMATS", "SPECULATORS_VERSION", "FormatError", "Portable", "detect", "read", "write", "convert", "build",
+           "portable_from_drafter", "with_verifier"]
 
 FORMATS = ("dspark", "deepspec", "speculators", "zlab-dflash")
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+# The speculators release whose config layout the writer follows (the ``interop`` extra pins it;
+# its SpeculatorModel.from_pretrained loads what the writer writes: tests/test_interop_speculators.py).
+SPECULATORS_VERSION = "0.9.0"
+# Fields a format holds that the neutral form does not (training settings, not the model): kept
+# per format in Portable.extras so that a round trip through other formats writes them back. The
+# dspark format stores them under "reference_fields", the speculators format under this key.
+EXTRAS_KEY = "dspark_reference_fields"
+_DEEPSPEC_EXTRAS = ("num_anchors", "step_loss_decay")
 _HEAD_NAMES = {"vanilla-markov": "vanilla", "gated-markov": "gated", "rnn": "rnn"}  # dspark ↔ DeepSpec
 
 
@@ -128,7 +137,7 @@ class Portable:
 
     config: DrafterConfig
     weights: dict[str, torch.Tensor]  # reference keys; embed_tokens / lm_head only if the source has them
-    verifier: str = "unknown"  # the target's name or path, as the source records it
+    verifier: str | None = None  # the target's hub id or path, as the source records it (None: unrecorded)
     verifier_architectures: tuple[str, ...] = field(default=(), converter=tuple)
     max_positions: int | None = None
     source_format: str = "dspark"
@@ -136,6 +145,8 @@ class Portable:
     # verifier's config at hand): config.target.num_layers is then only a lower bound
     verifier_layers_known: bool = True
     path: Path | None = None  # the folder it was read from (named in errors)
+    # format → {field: value} the neutral form does not hold (_DEEPSPEC_EXTRAS), written back to that format
+    extras: dict[str, dict[str, Any]] = field(factory=dict)
 
 
 def _shape_fields(cfg: dict[str, Any], where: Path) -> LayerShape:
@@ -233,16 +244,27 @@ def _need(cfg: dict[str, Any], where: Path, fmt: str, *names: str) -> None:
         raise FormatError(f"{where}: {fmt} config lacks {', '.join(missing)}")
 
 
-def _verifier_layers(name: str | None, root: Path) -> int | None:
-    """The verifier's layer count, from its config.json when ``name`` is a local folder."""
-    for base in (root.parent, Path.cwd()):
+def _verifier_config(name: str | None, root: Path | None) -> dict[str, Any]:
+    """The verifier's config.json when ``name`` is a local folder (absolute, or relative to the
+    checkpoint's parent folder or the current one), else {}."""
+    bases = (root.parent, Path.cwd()) if root is not None else (Path.cwd(),)
+    for base in bases:
         cand = base / str(name or "") / CONFIG_NAME
         if name and cand.is_file():
             try:
-                return int(json.loads(cand.read_text())["num_hidden_layers"])
-            except (ValueError, KeyError, TypeError):
-                return None
-    return None
+                cfg = json.loads(cand.read_text())
+            except (ValueError, UnicodeDecodeError):
+                return {}
+            return cfg if isinstance(cfg, dict) else {}
+    return {}
+
+
+def _verifier_layers(name: str | None, root: Path) -> int | None:
+    """The verifier's layer count, from its config.json when ``name`` is a local folder."""
+    try:
+        return int(_verifier_config(name, root)["num_hidden_layers"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _block_config(kind: str, cfg: dict[str, Any], shape: LayerShape, ids: list[int], target: TargetInfo,
@@ -285,7 +307,8 @@ def _read_deepspec(root: Path, cfg: dict[str, Any]) -> Portable:
     n_target = cfg.get("num_target_layers") or _verifier_layers(cfg.get("target_model_name_or_path"), root)
     if n_target is None:
         raise FormatError(f"{where}: DeepSpec config lacks num_target_layers")
-    target = TargetInfo(cfg.get("target_model_name_or_path") or "unknown", cfg["vocab_size"], cfg["hidden_size"], int(n_target))
+    verifier = cfg.get("target_model_name_or_path")  # Eagle3 configs only
+    target = TargetInfo(verifier or "unknown", cfg["vocab_size"], cfg["hidden_size"], int(n_target))
     if "Eagle3" in arch:
         config = DrafterConfig(kind="eagle3", vocab_size=cfg["vocab_size"], layer=shape, target=target,
                                target_layer_ids=tuple(ids), num_layers=cfg["num_hidden_layers"],
@@ -293,7 +316,10 @@ def _read_deepspec(root: Path, cfg: dict[str, Any]) -> Portable:
     else:
         _need(cfg, where, "DeepSpec", "block_size", "mask_token_id")
         config = _block_config("dspark", cfg, shape, ids, target, int(cfg["block_size"]), True, where)
-    return Portable(config, _weights(root), target.name, (), cfg.get("max_position_embeddings"), "deepspec")
+    kept = {k: cfg[k] for k in _DEEPSPEC_EXTRAS if k in cfg}
+    extras = {"deepspec": kept} if kept else {}
+    return Portable(config, _weights(root), verifier, (), cfg.get("max_position_embeddings"), "deepspec",
+                    extras=extras)
 
 
 def _read_speculators(root: Path, cfg: dict[str, Any]) -> Portable:
@@ -311,10 +337,10 @@ def _read_speculators(root: Path, cfg: dict[str, Any]) -> Portable:
     ids_field = "eagle_aux_hidden_state_layer_ids" if kind == "eagle3" else "aux_hidden_state_layer_ids"
     _need(cfg, where, "speculators", ids_field)
     ids = _check_ids([i - 1 for i in cfg[ids_field]], where, ids_field)
-    name = verifier.get("name_or_path") or "unknown"
+    name = verifier.get("name_or_path")
     n_known = _verifier_layers(name, root)
     n_target = n_known or max(ids) + 2  # a lower bound; replaced by the target's own count when loading
-    target = TargetInfo(str(name), layer["vocab_size"], layer["hidden_size"], n_target)
+    target = TargetInfo(str(name or "unknown"), layer["vocab_size"], layer["hidden_size"], n_target)
     weights = _weights(root)
     draft_vocab, V = int(cfg.get("draft_vocab_size") or layer["vocab_size"]), layer["vocab_size"]
     if not 2 <= draft_vocab <= V:
@@ -339,8 +365,9 @@ def _read_speculators(root: Path, cfg: dict[str, Any]) -> Portable:
         sfa = bool(cfg.get("sample_from_anchor", kind == "dspark"))
         gamma = int(cfg["block_size"]) - (0 if sfa else 1)
         config = evolve(_block_config(kind, {**layer, **cfg}, shape, ids, target, gamma, sfa, where), **reduced)
-    return Portable(config, weights, str(name), tuple(verifier.get("architectures") or ()),
-                    layer.get("max_position_embeddings"), "speculators", n_known is not None)
+    return Portable(config, weights, str(name) if name else None, tuple(verifier.get("architectures") or ()),
+                    layer.get("max_position_embeddings"), "speculators", n_known is not None,
+                    extras=_extras(cfg.get(EXTRAS_KEY), where))
 
 
 def _read_zlab(root: Path, cfg: dict[str, Any]) -> Portable:
@@ -353,19 +380,29 @@ def _read_zlab(root: Path, cfg: dict[str, Any]) -> Portable:
     ids = _check_ids(list(merged["target_layer_ids"]), where, "target_layer_ids")
     n_known = cfg.get("num_target_layers")
     n_target = n_known or max(ids) + 2  # a lower bound when unrecorded
-    target = TargetInfo(cfg.get("target_name", "unknown"), cfg["vocab_size"], cfg["hidden_size"], int(n_target))
+    target = TargetInfo(cfg.get("target_name") or "unknown", cfg["vocab_size"], cfg["hidden_size"], int(n_target))
     # z-lab drafts from the mask slots only: a block of B gives B − 1 drafts.
     config = _block_config("dflash", {**cfg, "markov_rank": 0, "mask_token_id": merged["mask_token_id"]}, shape,
                            ids, target, int(merged["block_size"]) - 1, False, where)
     weights = {k.removeprefix("model."): v for k, v in _weights(root).items()}
-    return Portable(config, weights, target.name, (), cfg.get("max_position_embeddings"), "zlab-dflash",
-                    n_known is not None)
+    return Portable(config, weights, cfg.get("target_name"), (), cfg.get("max_position_embeddings"),
+                    "zlab-dflash", n_known is not None)
 
 
 def _read_dspark(root: Path, cfg: dict[str, Any]) -> Portable:
     config = _dspark_config(cfg, root / CONFIG_NAME)
     state = _weights(root)
-    return Portable(config, to_reference_keys(config.kind, state), config.target.name, (), None, "dspark")
+    return Portable(config, to_reference_keys(config.kind, state), config.target.name, (), None, "dspark",
+                    extras=_extras(cfg.get("reference_fields"), root / CONFIG_NAME))
+
+
+def _extras(value: Any, where: Path) -> dict[str, dict[str, Any]]:
+    """A stored Portable.extras ({format: {field: value}}), checked."""
+    if value is None:
+        return {}
+    if not (isinstance(value, dict) and all(isinstance(v, dict) for v in value.values())):
+        raise FormatError(f"{where}: {EXTRAS_KEY} / reference_fields must map each format to an object of fields")
+    return {str(k): dict(v) for k, v in value.items()}
 
 
 _READERS = {"dspark": _read_dspark, "deepspec": _read_deepspec, "speculators": _read_speculators,
@@ -411,7 +448,7 @@ def _check_verifier(p: Portable, target: Any) -> DrafterConfig:
             mine = mine[p.weights["draft_ids"][:-1]]  # a reduced vocabulary's rows, in draft-slot order
         if tuple(theirs.shape) != tuple(mine.shape):
             raise FormatError(f"checkpoint {key} has shape {tuple(theirs.shape)}, target {info.name!r} has "
-                              f"{tuple(mine.shape)}: it was made for another verifier ({p.verifier!r})")
+                              f"{tuple(mine.shape)}: it was made for another verifier ({p.verifier or 'unrecorded'!r})")
         a, b = theirs.float(), mine.detach().float()
         if p.config.mask_token_id is not None and key == "embed_tokens.weight":
             keep = torch.ones(a.shape[0], dtype=torch.bool)
@@ -420,7 +457,7 @@ def _check_verifier(p: Portable, target: Any) -> DrafterConfig:
         tol = 1e-2 * b.abs().max().clamp_min(1e-6)  # bf16 copies of fp32 weights round by < 1 %
         if (a - b).abs().max() > tol:
             raise FormatError(f"checkpoint's {key} differs from target {info.name!r}'s: the drafter was made for "
-                              f"another verifier ({p.verifier!r})")
+                              f"another verifier ({p.verifier or 'unrecorded'!r})")
     return config
 
 
@@ -487,9 +524,36 @@ def portable_from_drafter(drafter: Any, target: Any = None) -> Portable:
         dt = next(drafter.parameters()).dtype
         weights["embed_tokens.weight"] = drafter._embed.to(dt)
         weights["lm_head.weight"] = drafter._lm_head_full.to(dt)
-    archs = tuple(getattr(getattr(getattr(target, "model", None), "config", None), "architectures", None) or ())
     max_pos = getattr(getattr(getattr(target, "model", None), "config", None), "max_position_embeddings", None)
-    return Portable(config, weights, config.target.name, archs, max_pos, "dspark")
+    return Portable(config, weights, config.target.name, target_architectures(target), max_pos, "dspark")
+
+
+def target_architectures(target: Any) -> tuple[str, ...]:
+    """The architectures of ``target`` (an HFTarget / FastTarget or an HF model): its config's, or
+    the model's class name where the config has none (a GGUF-loaded model: ``architectures`` None)."""
+    if target is None:
+        return ()
+    model = getattr(target, "model", target)
+    archs = getattr(getattr(model, "config", None), "architectures", None)
+    if archs:
+        return tuple(archs)
+    return (type(model).__name__,) if hasattr(model, "get_output_embeddings") else ()
+
+
+def with_verifier(p: Portable, *, target: Any = None, verifier: str | Path | None = None) -> Portable:
+    """``p`` naming its verifier as a reference format records it: ``verifier`` (a hub id or HF
+    folder) over the ``target``'s name (``target.name``: a dspark alias becomes its hub id) over what
+    the source recorded; the architectures from the target's model, else the ``verifier`` folder's
+    config.json, else the source's."""
+    name, archs = p.verifier, p.verifier_architectures
+    if target is not None:
+        name = getattr(target, "name", None) or name
+        archs = target_architectures(target) or archs
+    if verifier is not None:
+        name = str(verifier)
+        if target is None:
+            archs = tuple(_verifier_config(name, None).get("architectures") or ()) or archs
+    return evolve(p, verifier=name, verifier_architectures=archs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,21 +599,50 @@ def _deepspec_config(p: Portable) -> dict[str, Any]:
            "dtype": _dtype_name(p.weights), "num_target_layers": c.target.num_layers,
            "target_layer_ids": list(c.target_layer_ids)}
     if c.kind == "eagle3":
-        out.update(draft_num_hidden_layers=c.num_layers, step_loss_decay=0.8, target_model_name_or_path=p.verifier,
+        out.update(draft_num_hidden_layers=c.num_layers, step_loss_decay=0.8,
+                   target_model_name_or_path=_verifier_name(p, "DeepSpec's target_model_name_or_path"),
                    ttt_length=c.gamma)
     else:
         out.update(block_size=c.gamma, mask_token_id=c.mask_token_id, num_anchors=512,
                    enable_confidence_head=c.confidence, markov_rank=c.rank if c.head else 0)
         if c.head:
             out.update(markov_head_type=_HEAD_NAMES[c.head], confidence_head_with_markov=True)
+    kept = p.extras.get("deepspec", {})  # the source's training fields (num_anchors, …) over the defaults
+    out.update({k: kept[k] for k in _DEEPSPEC_EXTRAS if k in kept})
     return dict(sorted(out.items()))
 
 
-def _speculators_config(p: Portable) -> dict[str, Any]:
-    from dspark import __version__
+def _verifier_name(p: Portable, field_name: str) -> str:
+    """The verifier as a reference format names it: a hub id or an HF folder that speculators /
+    vLLM / DeepSpec can load (a dspark alias becomes its hub id); refused when unknown or a GGUF file."""
+    from dspark.models import hub_id
 
+    name = p.verifier if p.verifier not in (None, "", "unknown") else None
+    name = (hub_id(name) or name) if name else None
+    if not name:
+        raise FormatError(f"cannot write {field_name}: the source does not name its verifier; pass --verifier "
+                          "PATH_OR_ID (a hub id or an HF folder, e.g. one `dspark export-target` wrote) or --target")
+    if name.endswith(".gguf"):
+        raise FormatError(f"cannot write {field_name}: the verifier {name!r} is a GGUF file, which speculators and "
+                          "vLLM do not load; write it as an HF folder with `dspark export-target` and pass "
+                          "--verifier FOLDER")
+    return name
+
+
+def _verifier_fields(p: Portable) -> dict[str, Any]:
+    """speculators_config.verifier: a name that resolves and the verifier's real architectures."""
+    name = _verifier_name(p, "speculators_config.verifier.name_or_path")
+    archs = list(p.verifier_architectures) or _verifier_config(name, p.path).get("architectures")
+    if not archs:
+        raise FormatError(f"cannot write speculators_config.verifier.architectures: nothing records the "
+                          f"architecture of verifier {name!r}; pass --target, or --verifier with an HF folder "
+                          "holding its config.json")
+    return {"architectures": list(archs), "name_or_path": name}
+
+
+def _speculators_config(p: Portable) -> dict[str, Any]:
     c = p.config
-    verifier = {"architectures": list(p.verifier_architectures) or ["Qwen3ForCausalLM"], "name_or_path": p.verifier}
+    verifier = _verifier_fields(p)
     out: dict[str, Any] = {
         "architectures": [_spec_arch(c.kind)],
         "auto_map": {"": f"config.{ {'dspark': 'DSpark', 'dflash': 'DFlash', 'eagle3': 'Eagle3'}[c.kind]}SpeculatorConfig"},
@@ -559,7 +652,7 @@ def _speculators_config(p: Portable) -> dict[str, Any]:
                                "proposal_methods": [{"accept_tolerance": 0.0, "proposal_type": "greedy",
                                                      "speculative_tokens": c.gamma, "verifier_accept_k": 1}],
                                "verifier": verifier},
-        "speculators_model_type": c.kind, "speculators_version": f"dspark-{__version__}",
+        "speculators_model_type": c.kind, "speculators_version": SPECULATORS_VERSION,
         "target_hidden_size": None, "tie_word_embeddings": False,
         "transformer_layer_config": _layer_config(c.layer, c.num_layers, c.vocab_size, p.max_positions),
         "transformers_version": _transformers_version(),
@@ -575,6 +668,8 @@ def _speculators_config(p: Portable) -> dict[str, Any]:
         if c.kind == "dspark":
             out.update(markov_rank=c.rank, markov_head_type=_HEAD_NAMES[c.head], enable_confidence_head=c.confidence,
                        confidence_head_with_markov=True)
+    if p.extras:
+        out[EXTRAS_KEY] = p.extras  # what speculators has no field for (DeepSpec's num_anchors, …)
     return dict(sorted(out.items()))
 
 
@@ -595,14 +690,19 @@ def _dspark_files(p: Portable, out: Path) -> None:
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / WEIGHTS_NAME), metadata={"format": "dspark.drafter"})
     meta = {"format": "dspark.drafter", "format_version": FORMAT_VERSION, "dspark_version": __version__,
             "config": p.config.to_dict(), "converted_from": p.source_format}
+    if p.extras:
+        meta["reference_fields"] = p.extras
     (out / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def _reference_files(p: Portable, out: Path, fmt: str) -> None:
+def _reference_config(p: Portable, fmt: str) -> dict[str, Any]:
+    _refuse_unrepresentable(p, fmt)
+    return _deepspec_config(p) if fmt == "deepspec" else _speculators_config(p)
+
+
+def _reference_files(p: Portable, out: Path, fmt: str, cfg: dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
-    _refuse_unrepresentable(p, fmt)
-    cfg = _deepspec_config(p) if fmt == "deepspec" else _speculators_config(p)
     weights = p.weights
     if p.config.draft_vocab_size is not None:  # dspark's draft slots → speculators' d2t / t2d
         weights = to_speculators_vocab(weights, p.config.vocab_size)
@@ -636,12 +736,13 @@ def write(p: Portable, fmt: str, out: str | Path, *, overwrite: bool = False,
     except OutputError as err:
         raise FormatError(str(err)) from None
     check_tensors(p, p.path / WEIGHTS_NAME if p.path is not None else Path(f"<{p.source_format} checkpoint>"))
+    cfg = _reference_config(p, fmt) if fmt != "dspark" else {}  # the verifier's refusals, before the disk
     tmp = build_beside(out)
     try:
         if fmt == "dspark":
             _dspark_files(p, tmp)
         else:
-            _reference_files(p, tmp, fmt)
+            _reference_files(p, tmp, fmt, cfg)
         swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -649,11 +750,14 @@ def write(p: Portable, fmt: str, out: str | Path, *, overwrite: bool = False,
     return out
 
 
-def convert(src: str | Path, to: str, out: str | Path, *, target: Any = None, overwrite: bool = False) -> Path:
+def convert(src: str | Path, to: str, out: str | Path, *, target: Any = None, overwrite: bool = False,
+            verifier: str | Path | None = None) -> Path:
     """Convert checkpoint folder ``src`` (any readable format) to format ``to`` in ``out``.
 
     A dspark-format source needs ``target`` to write a reference format (those store the target's
     embedding and LM head); reference ⇄ reference conversion copies the tensors untouched.
+    ``verifier`` (a hub id or an HF folder) is the verifier the output names
+    (:func:`with_verifier`); the speculators format refuses a source that names none.
     """
     from dspark.outdir import OutputError, check_replaceable
 
@@ -664,7 +768,7 @@ def convert(src: str | Path, to: str, out: str | Path, *, target: Any = None, ov
     p = read(src)
     if p.source_format == "dspark" and to != "dspark" and target is not None:
         drafter = build(p, target)
-        p = portable_from_drafter(drafter, target)
+        p = evolve(portable_from_drafter(drafter, target), extras=p.extras)
     elif target is not None:
         p = evolve(p, config=_check_verifier(p, target), verifier_layers_known=True)
-    return write(p, to, out, overwrite=overwrite, sources=(src,))
+    return write(with_verifier(p, target=target, verifier=verifier), to, out, overwrite=overwrite, sources=(src,))

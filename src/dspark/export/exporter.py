@@ -49,6 +49,7 @@ __all__ = ["DEFAULT_OPSET", "REDUCED_PRECISIONS", "export_onnx", "prepare_out_di
 DEFAULT_OPSET = 17
 REDUCED_PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _ONNX_FLOAT, _ONNX_LOW = 1, {"fp16": 10, "bf16": 16}  # onnx.TensorProto.FLOAT / FLOAT16 / BFLOAT16
+CALIBRATION_FILE = "calibration.json"  # a checkpoint folder's calibrator (dspark.evaluation_runs.calibrator_beside)
 _EXTERNAL_DATA_BYTES = 1536 << 20  # weights above this go to <graph>.onnx.data (protobuf limit: 2 GiB)
 
 Progress = Callable[[str], None]
@@ -83,7 +84,8 @@ def _remove_previous(out: Path) -> None:
         old = read_manifest(out)
     except ExportError:
         return
-    entries = [*(old.get("graphs") or {}).values(), *(old.get("engines") or {}).values()]
+    entries = [*(old.get("graphs") or {}).values(), *(old.get("engines") or {}).values(),
+               *(old.get("scheduling") or {}).values()]
     for variant in (old.get("graph_variants") or {}).values():
         entries += list(variant.values())
     for entry in entries:
@@ -270,6 +272,25 @@ def _checkpoint_info(checkpoint: str | Path | None) -> dict[str, Any] | None:
     return {"path": str(root.resolve()), "sha256": files}
 
 
+def _scheduling_files(drafter: Any, checkpoint: str | Path | None, out: Path) -> dict[str, dict[str, str]]:
+    """Write what the PyTorch drafter schedules with next to the graphs, so the exported drafter
+    schedules alike: its confidence model (``drafter.confidence_model``, a checkpoint folder's
+    ``confidence.json``; none for a vocabulary cut) and the checkpoint's ``calibration.json`` (read
+    with :func:`dspark.evaluation_runs.calibrator_beside`, from either folder). → manifest entries."""
+    from dspark.confidence import CONFIDENCE_FILE
+
+    entries = {}
+    model = getattr(drafter, "confidence_model", None)
+    if model is not None:
+        model.save(out / CONFIDENCE_FILE)
+        entries["confidence"] = CONFIDENCE_FILE
+    cal = Path(checkpoint) / CALIBRATION_FILE if checkpoint is not None else None
+    if cal is not None and cal.is_file():
+        shutil.copyfile(cal, out / CALIBRATION_FILE)
+        entries["calibration"] = CALIBRATION_FILE
+    return {name: {"file": file, "sha256": sha256_file(out / file)} for name, file in entries.items()}
+
+
 def export_onnx(
     drafter: Any,
     out_dir: str | Path,
@@ -288,6 +309,8 @@ def export_onnx(
     ``precisions`` ("fp16", "bf16"): also write ``<graph>.<precision>.onnx`` — weights and
     activations in that precision, RMSNorm and Softmax in fp32, fp32 I/O — listed in the
     manifest's ``graph_variants``; strongly typed TensorRT builds (TensorRT 11) need them.
+    The drafter's confidence model and ``checkpoint``'s ``calibration.json`` are written beside the
+    graphs (manifest ``scheduling``), and the exported drafter applies them as the PyTorch one does.
     """
     _require_onnx()
     check_opset(opset)
@@ -365,6 +388,9 @@ def export_onnx(
     }
     if variants:
         manifest["graph_variants"] = variants
+    scheduling = _scheduling_files(drafter, checkpoint, out)
+    if scheduling:
+        manifest["scheduling"] = scheduling
     write_manifest(out, manifest)
     return manifest
 

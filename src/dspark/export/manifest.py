@@ -101,6 +101,7 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
         )
     _check_entries(path, "graphs", manifest.get("graphs"), required=True)
     _check_entries(path, "engines", manifest.get("engines"))
+    _check_entries(path, "scheduling", manifest.get("scheduling"))
     variants = manifest.get("graph_variants")
     if variants is not None:
         if not isinstance(variants, dict):

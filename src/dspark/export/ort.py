@@ -99,7 +99,7 @@ class OrtDrafter(ExportedDrafter):
         require_kind(manifest)
         entries = graph_entries(manifest, precision)
         if verify:
-            verify_files(root, entries)
+            verify_files(root, {**entries, **(manifest.get("scheduling") or {})})
         drafter = cls(manifest, OrtRunner(root, manifest, providers, threads, spin, precision), root)
         if target is not None:
             drafter.check_target(target)

@@ -17,6 +17,7 @@ import torch
 from dspark.drafters.kinds import drafter_kind
 from dspark.drafters.loop import DraftingLoop, GraphRunner, KVStore, LoopSpec
 from dspark.drafters.vocab import DraftVocab
+from dspark.export.manifest import MANIFEST_NAME as MANIFEST
 from dspark.export.manifest import ExportError
 from dspark.protocols.drafter import DraftContext
 from dspark.types import DraftBlock
@@ -62,6 +63,9 @@ class ExportedDrafter:
         self.head, self.rank, self.confidence = spec.head, spec.rank, spec.confidence
         self.vocab_map = spec.vocab_map
         self.device = runner.device
+        # what the PyTorch drafter schedules with (manifest "scheduling"): its confidence model, which
+        # dspark.Engine uses by default; the folder's calibration.json is read by calibrator_beside
+        self.confidence_model = scheduling_confidence_model(manifest, self.root)
 
     def __repr__(self) -> str:
         where = f" from {self.root}" if self.root else ""
@@ -102,6 +106,24 @@ class ExportedDrafter:
     @property
     def _caches(self) -> dict[str, KVStore]:
         return self.loop.caches
+
+
+def scheduling_confidence_model(manifest: dict[str, Any], root: Path | None) -> Any:
+    """The confidence model an export folder's manifest lists under ``scheduling`` (None: none)."""
+    from dspark.confidence import load_confidence_model
+
+    entry = (manifest.get("scheduling") or {}).get("confidence")
+    if entry is None:
+        return None
+    if root is None:
+        raise ExportError("the manifest lists a confidence model but the drafter has no export folder to read it from")
+    try:
+        model = load_confidence_model(root) if entry["file"] == "confidence.json" else None
+    except ValueError as exc:
+        raise ExportError(f"{root / entry['file']}: {exc}") from None
+    if model is None:
+        raise ExportError(f"{root / MANIFEST}: scheduling.confidence must be confidence.json, got {entry['file']!r}")
+    return model
 
 
 def require_kind(manifest: dict[str, Any]) -> None:
