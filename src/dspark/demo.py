@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from dspark.autotune import DTYPES, choose_dtype
 from dspark.checkpoints import DEFAULT_DRAFTER
+from dspark.demo_report import demo_markdown
 from dspark.gating import GatePrior
 from dspark.models import load_causal_lm
 from dspark.options import (
@@ -153,17 +154,20 @@ def _load_drafter(ref, target) -> Any:
     return from_pretrained(ref[0], target, draft_vocab=ref[1])
 
 
-def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None, step="packed"):
+def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None, step="packed",
+            drafter=None):
     """An engine on a fresh target around ``model`` whose step runs on ``step`` (plain decoding
-    when ``ref`` is None, else the drafter (folder, draft vocabulary) ``ref``; the engines must not
-    share a target: each keeps its own per-request caches; targets on one model share its packed
-    or compiled step); ``prior``: the draft gate's :class:`~dspark.gating.GatePrior`."""
+    when ``ref`` is None, else the drafter (folder, draft vocabulary) ``ref``, or ``drafter`` when
+    one was already loaded for this model; the engines must not share a target: each keeps its
+    own per-request caches; targets on one model share its packed or compiled step); ``prior``:
+    the draft gate's :class:`~dspark.gating.GatePrior`."""
     from dspark.engine import Engine
     from dspark.fast import build_target
     from dspark.gating import DraftGate
 
     target = build_target(model, tok, path=step)
-    drafter = _load_drafter(ref, target) if ref is not None else None
+    if drafter is None and ref is not None:
+        drafter = _load_drafter(ref, target)
     return Engine(target, drafter, scheduler=scheduler, cost_model=cost, calibrator=calibrator or "identity",
                   draft_gate=DraftGate(prior=prior) if gate and drafter is not None else None)
 
@@ -273,9 +277,20 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     plain_engine = _engine(plain_model, tok, None, None, cost, step=choice.plain_path)
     # the gate starts from what the start-up measured (as dspark bench's --gate-prior): the identity
     # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
-    prior = GatePrior(survival, {1: choice.speculative[choice.label]["overhead_seconds"]})
+    overhead = choice.speculative[choice.label]["overhead_seconds"]
+    drafter, runner = None, None
+    if "compiled" in race_paths(opts.step, opts.compile, opts.device):  # the drafter's runner raced too
+        from dspark.fast import build_target
+        from dspark.fast.drafter import choose_draft_runner
+
+        race_target = build_target(model, tok, path=choice.path)
+        drafter = _load_drafter(ref, race_target)
+        runner = choose_draft_runner(race_target, drafter, ids[:2], cost, calibrator)
+        print(runner.reason, flush=True)
+        overhead = runner.overhead_seconds[runner.runner]
+    prior = GatePrior(survival, {1: overhead})
     spec_engine = _engine(model, tok, ref, calibrator, cost, scheduler=_scheduler(opts.scheduler), gate=opts.gate,
-                          prior=prior, step=choice.path)
+                          prior=prior, step=choice.path, drafter=drafter)
     # HF generate in both dtypes when they differ (the start-up race is a few steps: noisy)
     hf_models = {"hf_generate": plain_model}
     if plain_model is not model:
@@ -324,6 +339,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         "identity_verified_drafts": sum(r["verified_drafts"] for r in identity),
         "identity_accepted_drafts": sum(r["accepted_drafts"] for r in identity),
         "sampling_check": check, "dtype_choice": choice.to_dict(),
+        "draft_runner": runner.to_dict() if runner is not None else None,
         "speed": {"dtype": choice.dtype, "step": choice.path, "plain_step": choice.plain_path, "prompts": len(ids), "prompt_file": Path(prompt_file).name,
                   "repeats": opts.repeats,
                   "draft_gate": gate is not None, "scheduler": opts.scheduler, "seconds_per_repeat": totals,
@@ -339,7 +355,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         + " ".join(_flag(k, v) for k, v in attrs.asdict(opts).items() if v is not None),
     }
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = _markdown(result)
+    md = demo_markdown(result)
     (out / "demo.md").write_text(md)
     return DemoResult(out, result, md)
 
@@ -349,69 +365,3 @@ def _flag(key: str, value) -> str:
     if isinstance(value, bool):
         return name if value else "--no-" + key.replace("_", "-")
     return f"{name} {value}"
-
-
-def _markdown(r: dict) -> str:
-    sp, ch, mach = r["speed"], r["dtype_choice"], r["machine"]
-    gate = sp["gate_rounds"]
-    lines = [
-        f"# dspark demo — SmolLM2-135M-Instruct, drafter `{r['drafter']}`"
-        + (f" (calibrated: {r['calibration']})" if r.get("calibration") else ""),
-        "",
-        f"Command: `{r['command']}`",
-        "",
-        f"Machine: {mach['cores']}-core {mach['cpu']} — **{mach['kind']}** (flags: {' '.join(mach['flags']) or 'none'}; "
-        f"ATen {mach['aten_capability']}; {mach['threads']} threads)"
-        + (f"; target and drafter on **{r['device']}**." if r.get("device_type", "cpu") != "cpu" else "."),
-        "",
-        f"**Speed-up over the best plain decode: {sp['speedup_vs_best_plain']:.2f}×** "
-        f"({sp['dtype']} {sp.get('step', 'eager')} step, plain decoding in {sp.get('plain_dtype', sp['dtype'])} "
-        f"{sp.get('plain_step', 'eager')}, concurrency 1, {sp['prompts']} held-out prompts of {sp.get('prompt_file', 'eval_prompts.jsonl')} "
-        f"× {sp['repeats']} repeats, median of summed "
-        f"wall-clock times normalised to {r['max_new_tokens']} tokens; scheduler `{sp.get('scheduler', 'sps-greedy')}`; "
-        f"mean τ {sp['mean_tau']:.2f}; draft gate "
-        + (f"on: {gate['skipped']} of {gate['rounds']} rounds skipped the drafter)." if sp["draft_gate"] else "off)."),
-        "",
-        f"Start-up choice: {ch['reason']}.",
-        "",
-    ]
-    if sp.get("gate_prior"):
-        gp = sp["gate_prior"]
-        lines += ["Draft gate prior (from the start-up measurements): survival s_1…s_γ = "
-                  + " ".join(f"{v:.2f}" for v in gp["survival"]) + " (the fp32 identity rounds below), "
-                  f"drafted-round overhead {1e3 * gp['draft_overhead']['1']:.1f} ms at one request "
-                  f"({sp['dtype']}).", ""]
-    lines += [
-        "Verification step time by tokens verified (" + ch["dtype"] + "): "
-        + ", ".join(f"{q}: {s * 1e3:.1f} ms" for q, s in ch["profile_step_seconds"].items()) + ".",
-        "",
-        "| system | median seconds per repeat |", "|---|---|",
-    ]
-    for k, v in sp["median_seconds"].items():
-        lines.append(f"| {k} | {v:.2f} |")
-    lines += ["", "| domain | τ | mean ℓ | drafted rounds | tokens | ms/token plain (engine) | ms/token DSpark |",
-              "|---|---|---|---|---|---|---|"]
-    for x in sp["per_prompt"]:
-        lines.append(f"| {x['domain']} | {x['tau']:.2f} | {x['mean_verified']:.2f} | {x['drafted_rounds']}/{x['rounds']} | "
-                     f"{x['new_tokens']} | {x['ms_per_token_plain']:.1f} | {x['ms_per_token_dspark']:.1f} |")
-    lines += ["", f"The {sp['dtype']} outputs agree with the plain {sp.get('plain_dtype', sp['dtype'])} decode on "
-              f"{100 * sp['prefix_agreement_with_plain']:.1f} % of the common prefix on average (outside fp32, "
-              "different verify shapes and dtypes round differently; exact identity is checked in fp32 below).", "",
-              "Greedy identity in fp32 (engine + drafter vs the target's own greedy decode), every draft verified "
-              f"at full length: {r['identity_verified_drafts']} draft tokens verified, "
-              f"{r['identity_accepted_drafts']} accepted.", "",
-              "| domain | identical | tokens | τ | drafts verified | accepted | rounds with a rejection |",
-              "|---|---|---|---|---|---|---|"]
-    for x in r["greedy_identity_fp32"]:
-        lines.append(f"| {x['domain']} | {'yes' if x['identical_to_target_greedy'] else 'NO'} | {x['new_tokens']} | "
-                     f"{x['tau']:.2f} | {x['verified_drafts']} | {x['accepted_drafts']} | {x['rejected_drafts']} |")
-    c = r["sampling_check"]
-    lines += [
-        "",
-        f"Sampling check (T = 0.8, top-p 0.95, {c['samples']} draws, draft q at T = 1.6): acceptance "
-        f"{c['acceptance_rate']:.3f} (Σ min(p, q) = {c['overlap_sum_min_p_q']:.3f}); total-variation "
-        f"distance to p — committed tokens {c['tv_committed_vs_p']:.3f}, plain samples from p "
-        f"{c['tv_plain_samples_vs_p']:.3f} (noise floor), draft samples {c['tv_draft_samples_vs_p']:.3f}.",
-        "",
-    ]
-    return "\n".join(lines)

@@ -27,6 +27,7 @@ A drafter kind chooses its round function (:func:`block_round` or :func:`autoreg
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -41,6 +42,8 @@ from dspark.types import DraftBlock
 
 __all__ = ["GraphRunner", "TorchRunner", "LoopSpec", "KVStore", "DraftingLoop", "block_round",
            "autoregressive_round", "backbone", "target_features", "draft_sample", "draft_lengths"]
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -58,13 +61,24 @@ class TorchRunner:
 
     The graph modules read the drafter's bound target embedding / LM head and mask vector at call
     time, so training, ``bind_target`` and dtype changes are seen by the next round.
+
+    ``compiled``: each graph runs through ``torch.compile`` (:func:`dspark.fast.compile.compile_step`:
+    inductor with weight freezing on a CPU, CUDA graphs on a GPU), compiled at its first call of
+    each shape class. Frozen weights are constants of the compiled graphs, so a compiled runner is
+    for inference: after the weights change, build a new runner (:meth:`DraftingLoop.use_runner`).
     """
 
     limits: dict[str, dict[str, int]] = {}
 
-    def __init__(self, drafter: Any) -> None:
+    def __init__(self, drafter: Any, compiled: bool = False) -> None:
         self.drafter = drafter
-        self._graphs: dict[str, tuple[torch.nn.Module, tuple[str, ...]]] | None = None
+        self.compiled = compiled
+        self._graphs: dict[str, tuple[Any, tuple[str, ...]]] | None = None
+
+    @property
+    def path(self) -> str:
+        """``compiled`` or ``eager`` (the modules as they are, prepacked products where they pack)."""
+        return "compiled" if self.compiled else "eager"
 
     @property
     def device(self) -> torch.device:
@@ -76,11 +90,33 @@ class TorchRunner:
 
     def run(self, graph: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self._graphs is None:
-            self._graphs = {g.name: (g.module, g.outputs) for g in self.drafter.graph_specs(self.drafter, live=True)}
+            self._graphs = {g.name: (self._wrap(g.module), g.outputs)
+                            for g in self.drafter.graph_specs(self.drafter, live=True)}
         module, outputs = self._graphs[graph]
         dev = self.device  # the loop builds small index tensors on the CPU; the modules may be on CUDA
-        out = module(**{k: v.to(dev, non_blocking=True) for k, v in inputs.items()})
+        args = {k: v.to(dev, non_blocking=True) for k, v in inputs.items()}
+        if not self.compiled:
+            out = module(**args)
+        else:
+            try:
+                out = module(**args)
+            except Exception as err:  # a shape class that fails to compile: the graphs are pure, rerun eager
+                from dspark.fast.compile import first_line
+
+                log.warning("compiled draft graph %r failed (%s); the drafter runs eager from here", graph,
+                            first_line(err))
+                self.compiled, self._graphs = False, None
+                return self.run(graph, inputs)
+            if dev.type == "cuda":  # CUDA-graph outputs are overwritten by the next replay; the loop keeps them
+                out = tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
         return dict(zip(outputs, out if isinstance(out, tuple) else (out,)))
+
+    def _wrap(self, module: torch.nn.Module) -> Any:
+        if not self.compiled:
+            return module
+        from dspark.fast.compile import compile_step
+
+        return compile_step(module, self.device)
 
 
 @attrs.frozen
@@ -257,6 +293,12 @@ class DraftingLoop:
     def dtype(self) -> torch.dtype:
         """The floating dtype the runner's graphs take (fp32 for exported files)."""
         return getattr(self.runner, "dtype", torch.float32)
+
+    def use_runner(self, runner: GraphRunner) -> None:
+        """Run the next rounds' graphs on ``runner`` (e.g. a compiled :class:`TorchRunner`); the
+        requests' context caches stay (every runner of one drafter computes the same K/V)."""
+        self.runner = runner
+        self._scratch = []
 
     def release(self, request_id: str) -> None:
         self.caches.pop(request_id, None)

@@ -84,11 +84,11 @@ class _Patched:
     def __init__(self, fn: Any, freezing: bool = True) -> None:
         self.fn, self.freezing = fn, freezing
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
 
         with inductor_config.patch(freezing=self.freezing), \
                 dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT,
                                     accumulated_recompile_limit=max(_RECOMPILE_LIMIT, 256)):
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
