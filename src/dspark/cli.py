@@ -731,6 +731,10 @@ def _convert_args(p: argparse.ArgumentParser) -> None:
                    "needed to write a reference format from a dspark checkpoint, and checked against otherwise")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="dtype the target is loaded in (the reference formats store its embedding / LM head)")
+    p.add_argument("--verifier", metavar="PATH_OR_ID",
+                   help="the verifier the output names (speculators_config.verifier, DeepSpec's "
+                   "target_model_name_or_path): a hub id or an HF folder, e.g. one `dspark export-target` wrote "
+                   "(default: the --target's hub id or folder, else what the source records)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
 
 
@@ -740,7 +744,7 @@ def _convert(args: argparse.Namespace) -> int:
 
     from dspark.checkpoints import locate
     from dspark.drafters.checkpoint import from_pretrained
-    from dspark.drafters.formats import convert, detect, portable_from_drafter, write
+    from dspark.drafters.formats import convert, detect, portable_from_drafter, with_verifier, write
     from dspark.drafters.prune import parse_drafter_ref
 
     path, draft_vocab = parse_drafter_ref(args.src)
@@ -758,12 +762,60 @@ def _convert(args: argparse.Namespace) -> int:
         target = load_target(args.target, dtype=getattr(torch, args.dtype))
         target.name = args.target
     if draft_vocab is None:
-        out = convert(src, args.to, args.out, target=target, overwrite=args.overwrite)
+        out = convert(src, args.to, args.out, target=target, overwrite=args.overwrite, verifier=args.verifier)
     else:  # the named variant: cut, then written like any drafter (speculators: d2t / t2d)
         drafter = from_pretrained(src, target, draft_vocab=draft_vocab)
-        out = write(portable_from_drafter(drafter, target), args.to, args.out, overwrite=args.overwrite,
-                    sources=(src,))
+        p = with_verifier(portable_from_drafter(drafter, target), target=target, verifier=args.verifier)
+        out = write(p, args.to, args.out, overwrite=args.overwrite, sources=(src,))
     print(f"{args.src} ({fmt}) -> {out} ({args.to})")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# dspark serve (dspark.serve: an OpenAI-compatible HTTP server on the engine)
+# --------------------------------------------------------------------------------------------
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from dspark.serve.cli import add_args
+
+    add_args(p, _demo_args, _generate_args)  # --model, --drafter, --dtype, ... as those commands declare them
+
+
+@command("serve", _serve_args)
+def _serve(args: argparse.Namespace) -> int:
+    from dspark.serve.cli import run
+
+    return run(args)
+
+
+# --------------------------------------------------------------------------------------------
+# dspark export-target
+# --------------------------------------------------------------------------------------------
+
+
+def _export_target_args(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Write a target as a plain HF folder (config with architectures, safetensors weights, tokenizer with its "
+        "chat template, generation config) that transformers, speculators and vLLM load; the GGUF-loaded "
+        "smollm2-135m cannot be save_pretrained as is. Name the folder as a converted drafter's verifier "
+        "(dspark convert ... --verifier OUT)."
+    )
+    p.add_argument("target", help="smollm2-135m, an HF folder or a .gguf file")
+    p.add_argument("out", help="output folder (written all or nothing)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the written weights (float32 keeps the logits dspark's target computes)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if dspark wrote it")
+
+
+@command("export-target", _export_target_args)
+def _export_target(args: argparse.Namespace) -> int:
+    import torch
+
+    from dspark.models import export_target
+
+    out = export_target(args.target, args.out, dtype=getattr(torch, args.dtype), overwrite=args.overwrite)
+    print(f"{args.target} -> {out} (HF folder)")
     return 0
 
 

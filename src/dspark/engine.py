@@ -1,6 +1,6 @@
 """The batched speculative engine with continuous batching.
 
-Every ``step()`` runs one round for all active requests (docs/engine.md, docs/math.md §4–6):
+Every ``step()`` runs one round for all active requests (docs/serving-and-benchmarks.md, docs/concepts.md §4–6):
 
     draft → confidence → calibrate → schedule (cost model) → verify (one batched target forward)
     → commit / roll back target and draft caches → per-request metrics.
@@ -220,8 +220,11 @@ class Engine:
         stop: Sequence[int] | None = None,
         request_id: str | None = None,
         chat: bool = True,
+        seed: int | None = None,
     ) -> str:
-        """Queue a request; it joins the batch at the next ``step()``."""
+        """Queue a request; it joins the batch at the next ``step()``. ``seed``: the request's own
+        sampling seed (a server's per-request ``seed``); None derives it from the engine's seed and
+        the request id."""
         sampling = sampling or SamplingParams.greedy()
         if not isinstance(sampling, SamplingParams):
             raise TypeError("sampling must be a dspark.SamplingParams")
@@ -244,8 +247,10 @@ class Engine:
             stops.add(int(eos))
         self._capture(self._features_wanted())
         out = self.target.prefill([rid], [ids], logits=False)  # only the cache and features are used
+        if seed is None:
+            seed = self.seed * 1_000_003 + zlib.crc32(rid.encode())
         req = _Request(rid, ids, ids.numel(), sampling, max_new_tokens, frozenset(stops),
-                       torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(rid.encode())))
+                       torch.Generator().manual_seed(int(seed)))
         feats = self._features(out)
         req.features = [feats[0, : int(out.lengths[0])]] if feats is not None else []
         self._requests[rid] = req
