@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evaluate the SmolLM2 drafters trained by scripts/train_smollm2.sh, ship them, and write
+# Evaluate the 1-layer SmolLM2 drafters trained by scripts/train_smollm2.sh, file them under data/smollm2-135m/retired/, and write
 # docs/reports/2026-12-04-trained-drafters.md (docs/reports/2026-12-04-trained-drafters.md quotes these commands).
 #   RUNS=runs bash scripts/eval_smollm2.sh
 set -euo pipefail
@@ -7,11 +7,13 @@ set -euo pipefail
 RUNS=${RUNS:-runs}
 NAMES="dspark-gated dspark-vanilla dspark-rnn dflash eagle3 dspark-gated-long"
 SHIP=src/dspark/checkpoints/smollm2-135m
-RETIRED=data/smollm2-135m/retired  # the 1-layer DSpark drafters are no longer packaged (dspark-5l is)
+RETIRED=data/smollm2-135m/retired  # none of these 1-layer drafters is packaged any more (issue 43)
 
-# 1. ship (dflash, eagle3) or file under retired/ (the DSpark ones): weights, config, calibration and
-#    the training record of every finished run
-where() { case $1 in dspark-*) echo "$RETIRED/$1" ;; *) echo "$SHIP/$1" ;; esac; }
+# 1. file under retired/ (all of them now: the shipped dflash and eagle3 are train_paper_config.sh's
+#    dflash-5l and eagle3-1l, so these 1-layer ones are dflash-legacy and eagle3-fused-legacy there):
+#    weights, config, calibration and the training record of every finished run
+where() { case $1 in dflash) echo "$RETIRED/dflash-legacy" ;; eagle3) echo "$RETIRED/eagle3-fused-legacy" ;;
+                     *) echo "$RETIRED/$1" ;; esac; }
 for name in $NAMES; do
   ck="$RUNS/$name/checkpoint"
   [ -f "$ck/calibration.json" ] || dspark calibrate "$ck" --prompts "$RUNS/data/eval_prompts.jsonl" --quiet

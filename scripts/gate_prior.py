@@ -1,5 +1,5 @@
 """A draft-gate prior as `dspark bench --gate-prior measure` builds one, for scripts that start
-engines themselves (scripts/lockstep_ab.py --gate-prior): the acceptance survival of rounds with
+engines themselves (scripts/experiments/lockstep_ab.py --gate-prior): the acceptance survival of rounds with
 every position verified, and the drafted-round overhead timed at each R.
 
     python scripts/gate_prior.py PROFILE.json OUT.json [--levels 1,2,4,8,16,32] [--traces ROUNDS.json]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Retrain the 1-layer drafters of docs/reports/2026-12-04-trained-drafters.md (dflash and eagle3 are shipped in
-# src/dspark/checkpoints/smollm2-135m; the DSpark ones, and dspark-vanilla-ref, are kept in
-# data/smollm2-135m/retired/; the shipped dspark-5l comes from scripts/train_paper_config.sh).
+# Retrain the 1-layer legacy-layout drafters of docs/reports/2026-12-04-trained-drafters.md (all kept in
+# data/smollm2-135m/retired/: the DSpark ones, and dflash / eagle3 as dflash-legacy /
+# eagle3-fused-legacy; the shipped dspark-5l-xl, dflash and eagle3 come from scripts/train_paper_config.sh).
 # Same data, same batches, same number of optimizer steps for every drafter; each step is one
 # global batch of SEQS sequences. Resumable: re-running skips finished runs and resumes
 # interrupted ones from RUNS/<name>/state.pt.

