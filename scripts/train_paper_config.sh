@@ -56,8 +56,7 @@ for done in "$ARCHIVE"/runs/*/; do
   [ -f "$RUNS/$name/checkpoint/config.json" ] || { mkdir -p "$RUNS/$name" && cp -r "$done"/. "$RUNS/$name/" \
     && echo "restored $done into $RUNS/$name"; }
   # the weights are stored once: the shipped drafters' in the package (dspark-5l-xl under its own
-  # name, dflash-5l and eagle3-1l as the shipped dflash and eagle3); superseded stages of the
-  # dspark-5l-xl chain keep their logs only (data/smollm2-135m/README.md says how to get them back)
+  # name, dflash-5l and eagle3-1l as the shipped dflash and eagle3)
   case $name in dflash-5l) pkg=dflash ;; eagle3-1l) pkg=eagle3 ;; *) pkg=$name ;; esac
   shipped="src/dspark/checkpoints/smollm2-135m/$pkg/model.safetensors"
   [ -f "$RUNS/$name/checkpoint/model.safetensors" ] || [ ! -f "$shipped" ] || cp "$shipped" "$RUNS/$name/checkpoint/"
