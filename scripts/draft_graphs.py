@@ -1,0 +1,77 @@
+"""Time a drafter's graphs one by one, eager and compiled, on the inputs of a real round.
+
+    python scripts/draft_graphs.py --drafter dspark-5l-xl --dtype bfloat16 [--compile] [--repeats 30]
+
+One short generation records the inputs each graph (context, backbone, head; Eagle3's fuse,
+context, step) received in its last round; each graph is then timed alone on them (median of
+``--repeats`` calls), eager and — with ``--compile`` — through torch.compile with weight freezing
+(the compiled draft runner). Prints one line per graph with its input shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import dspark
+from dspark.fast.compile import compile_step
+from dspark.types import SamplingParams
+
+
+def median_ms(fn, inputs: dict[str, torch.Tensor], repeats: int) -> float:
+    with torch.inference_mode():
+        for _ in range(3):
+            fn(**inputs)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(**inputs)
+            times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--drafter", default="dspark-5l-xl")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--prompt", default="Explain the water cycle briefly.")
+    p.add_argument("--compile", action="store_true", help="time the compiled graphs too")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = dspark.load_target(args.model, getattr(torch, args.dtype))
+    drafter = dspark.from_pretrained(args.drafter, target=target)
+    engine = dspark.Engine(target, drafter, scheduler="sps-greedy")
+    seen: dict[str, dict[str, torch.Tensor]] = {}
+    runner = drafter.loop.runner
+    inner = runner.run
+
+    def record(graph, inputs):
+        seen[graph] = {k: v.clone() for k, v in inputs.items()}  # the last round's inputs
+        return inner(graph, inputs)
+
+    runner.run = record
+    engine.generate([args.prompt], SamplingParams.greedy(), max_new_tokens=16, progress=False)
+    runner.run = inner
+    graphs = {g.name: g.module for g in drafter.graph_specs(drafter, live=True)}
+    for name, inputs in seen.items():
+        shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+        line = f"{name:9s} eager {median_ms(graphs[name], inputs, args.repeats):7.2f} ms"
+        if args.compile:
+            compiled = compile_step(graphs[name], next(drafter.parameters()).device)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                compiled(**inputs)
+            line += (f"   compiled {median_ms(compiled, inputs, args.repeats):7.2f} ms "
+                     f"({time.perf_counter() - t0:.0f} s to compile)")
+        print(f"{line}   {shapes}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
