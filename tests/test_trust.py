@@ -113,3 +113,27 @@ def test_an_hf_folder_with_only_pickle_weights_is_refused_before_loading(tmp_pat
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")
     with pytest.raises(ValueError, match=r"holds no .safetensors weights \(only pytorch_model.bin: pickle files"):
         load_causal_lm(str(tmp_path))
+
+
+def test_every_command_has_a_one_line_summary_in_dspark_help(capsys):
+    from dspark.cli import COMMANDS, SUMMARIES
+
+    assert set(SUMMARIES) == set(COMMANDS), "a command without a summary line, or a summary without a command"
+    with pytest.raises(SystemExit):
+        cli_main(["--help"])
+    out = capsys.readouterr().out
+    for name, summary in SUMMARIES.items():
+        assert len(summary) <= 72 and "\n" not in summary, name
+        assert summary.split()[0] in out, name
+
+
+def test_dspark_export_is_a_real_subcommand(tmp_path, capsys):
+    """`dspark export` declares the options of python -m dspark.export (once, in dspark.export.cli)
+    and fails like it: one line, exit 2, before any model loads."""
+    with pytest.raises(SystemExit):
+        cli_main(["export", "--help"])
+    out = capsys.readouterr().out
+    assert "--onnx OUT_DIR" in out and "--profile NAME|FILE" in out
+    assert cli_main(["export", str(tmp_path / "nope"), "--onnx", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nope" in err

@@ -33,7 +33,7 @@ def _path_args(p: argparse.ArgumentParser, *, race: bool) -> None:
                        help=what + "; 'auto': raced at start-up together with the dtype")
         p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                        help="let the 'auto' race try torch.compile (default: on a GPU only; on a CPU each "
-                       "graph compiles for minutes at start-up, docs/performance.md)")
+                       "graph compiles for minutes at start-up, docs/serving-and-benchmarks.md)")
     else:
         p.add_argument("--step", default="packed", choices=_STEP_PATHS, help=what)
 
@@ -97,7 +97,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
         "machine (measured at start-up)."
     )
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="shipped drafter name or checkpoint folder"
-                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")
+                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/drafters-and-training.md)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--per-domain", type=int, default=2, help="held-out prompts per domain for the speed run")
     p.add_argument("--prompts", help="prompts JSONL for the speed run (default: the shipped natural-prompt eval "
@@ -112,7 +112,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
                    help="the draft gate: stop drafting where the measured rates say it does not pay")
     p.add_argument("--scheduler", default="sps-greedy",
                    help="the speculative engine's scheduler, NAME[:KEY=VALUE,...] (e.g. sps-greedy:sunk=true, "
-                   "docs/scheduling.md)")
+                   "docs/scheduling-and-calibration.md)")
     p.add_argument("--out", default="out/demo", help="folder for demo.json and demo.md")
     p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', an HF folder or a .gguf path")
     p.add_argument("--device", default="cpu", help=DEVICE_HELP)
@@ -414,7 +414,7 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
         "to the checkpoint (or to --out)."
     )
     p.add_argument("checkpoint", help="checkpoint folder or shipped drafter name"
-                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")
+                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/drafters-and-training.md)")
     p.add_argument("--out", help="folder for calibration.json and the report (default: the checkpoint)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--objective", default="ece", choices=["ece", "brier"],
@@ -448,7 +448,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--drafter", action="append", required=True,
                    help="LABEL=CHECKPOINT, a checkpoint folder, a shipped drafter name, or ngram (repeatable)"
-                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")
+                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/drafters-and-training.md)")
     p.add_argument("--temperature", type=float, nargs="+", default=[0.0])
     p.add_argument("--out", default="out/eval")
     p.add_argument("--fresh", action="store_true", help="recompute runs already recorded under OUT/rounds")
@@ -583,7 +583,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     _path_args(p, race=False)
     p.add_argument("--drafter", default=DEFAULT_DRAFTER,
                    help="shipped drafter name, checkpoint folder or LABEL=CHECKPOINT (its calibration.json is used)"
-                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/results.md)")
+                   " (NAME:vocab=K: cut to its K most frequent tokens, docs/drafters-and-training.md)")
     p.add_argument("--calibration", help="calibrator JSON overriding the drafter's calibration.json")
     p.add_argument("--prompts", help="prompts JSONL {prompt, domain?} (default: the shipped held-out prompts)")
     p.add_argument("--per-domain", type=int, default=8, help="prompts per domain (cycled over the requests)")
@@ -825,15 +825,16 @@ def _export_target(args: argparse.Namespace) -> int:
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
-    p.description = "Export a drafter checkpoint to ONNX / TensorRT (see python -m dspark.export --help)."
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for python -m dspark.export")
+    from dspark.export.cli import add_args  # the options python -m dspark.export declares, once
+
+    add_args(p)
 
 
 @command("export", _export_args)
 def _export(args: argparse.Namespace) -> int:
-    from dspark.export.cli import main as export_main
+    from dspark.export.cli import run_parsed
 
-    return export_main(args.args)
+    return run_parsed(args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -843,12 +844,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dspark", description="Confidence-scheduled speculative decoding.")
     parser.add_argument("--version", action="version", version=f"dspark {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (add_args, fn) in COMMANDS.items():
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=SUMMARIES.get(name))
         add_args(p)
         p.set_defaults(func=fn)
     return parser
+
+
+# One line per command for `dspark --help` (each command's --help has the whole description).
+SUMMARIES = {
+    "plugins": "list every registered implementation per extension point",
+    "demo": "the main job: identity, sampling check and speed-up on the real target",
+    "generate": "generate text with speculative decoding",
+    "data": "build self-distillation data written by the target",
+    "train": "train a DSpark, DFlash or Eagle3 drafter",
+    "calibrate": "fit and report the confidence calibration of a drafter",
+    "eval": "evaluate drafters: τ, acceptance, calibration per domain",
+    "profile": "measure the verification step and write a cost profile",
+    "bench": "benchmark schedulers under load, measured and simulated",
+    "interop": "write calibration and cost tables for TensorRT-LLM and vLLM",
+    "convert": "convert a drafter between dspark, DeepSpec and speculators formats",
+    "serve": "an OpenAI-compatible HTTP server on the engine",
+    "export-target": "write the target as a plain HF folder (for vLLM, speculators)",
+    "export": "export a drafter to ONNX / TensorRT",
+}
 
 
 # What a user can fix (exit 2) and what the environment must (exit 3): a missing optional package,

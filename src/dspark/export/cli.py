@@ -63,15 +63,22 @@ class _Progress:
             self.bar.close()
 
 
+DESCRIPTION = ("Export a trained dspark / dflash / eagle3 drafter to ONNX (the context, backbone "
+               "and head graphs + manifest.json) and optionally build TensorRT engines from them.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="Export a trained dspark / dflash / eagle3 drafter to ONNX (the context, backbone "
-                    "and head graphs + manifest.json) and optionally build TensorRT engines from them.",
-    )
+    p = argparse.ArgumentParser(prog=PROG)
+    add_args(p)
+    return p
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The export options on ``p``: ``python -m dspark.export`` and ``dspark export`` share them."""
+    p.description = DESCRIPTION
     p.add_argument("checkpoint", help="drafter folder written by save_pretrained (config.json + model.safetensors) "
                                       "or a shipped drafter's name; NAME:vocab=K exports its named variant cut "
-                                      "to the K most frequent tokens of its token_ranking.json (docs/results.md)")
+                                      "to the K most frequent tokens of its token_ranking.json (docs/drafters-and-training.md)")
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument("--onnx", metavar="OUT_DIR", help="write the ONNX graphs and manifest.json here")
     out.add_argument("--trt", metavar="OUT_DIR", help="write the ONNX graphs here, then build TensorRT engines")
@@ -95,7 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", action="store_true",
                    help="run the exported drafter next to the PyTorch one and compare logits and drafts")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    return p
 
 
 def _one_line(exc: BaseException) -> str:
@@ -255,7 +261,11 @@ def _summary(out: Path, manifest: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_parsed(build_parser().parse_args(argv))
+
+
+def run_parsed(args: argparse.Namespace) -> int:
+    """Run an export from parsed :func:`add_args` options; every failure is one line and an exit code."""
     from dspark.drafters.checkpoint import CheckpointError
     from dspark.export.manifest import ExportError
     from dspark.export.tensorrt_backend import TensorRTError
