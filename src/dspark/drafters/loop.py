@@ -62,13 +62,18 @@ class TorchRunner:
     The graph modules read the drafter's bound target embedding / LM head and mask vector at call
     time, so training, ``bind_target`` and dtype changes are seen by the next round.
 
-    ``compiled``: each graph runs through ``torch.compile`` (:func:`dspark.fast.compile.compile_step`:
-    inductor with weight freezing on a CPU, CUDA graphs on a GPU), compiled at its first call of
-    each shape class. Frozen weights are constants of the compiled graphs, so a compiled runner is
-    for inference: after the weights change, build a new runner (:meth:`DraftingLoop.use_runner`).
+    ``compiled``: the graphs run through ``torch.compile`` (:func:`dspark.fast.compile.compile_step`:
+    inductor with weight freezing on a CPU, CUDA graphs on a GPU), compiled at their first call of
+    each shape class — on a CPU all but :attr:`EAGER_ON_CPU`. Frozen weights are constants of the
+    compiled graphs, so a compiled runner is for inference: after the weights change, build a new
+    runner (:meth:`DraftingLoop.use_runner`).
     """
 
     limits: dict[str, dict[str, int]] = {}
+    #: graphs a compiled runner leaves eager on a CPU: the sequential-head step is one gather and two
+    #: small products, which a compiled call does not speed up but adds its own call cost to
+    #: (scripts/draft_graphs.py times both); on a GPU every graph is captured (launches bound it)
+    EAGER_ON_CPU: tuple[str, ...] = ("head",)
 
     def __init__(self, drafter: Any, compiled: bool = False) -> None:
         self.drafter = drafter
@@ -90,7 +95,7 @@ class TorchRunner:
 
     def run(self, graph: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self._graphs is None:
-            self._graphs = {g.name: (self._wrap(g.module), g.outputs)
+            self._graphs = {g.name: (self._wrap(g.name, g.module), g.outputs)
                             for g in self.drafter.graph_specs(self.drafter, live=True)}
         module, outputs = self._graphs[graph]
         dev = self.device  # the loop builds small index tensors on the CPU; the modules may be on CUDA
@@ -111,8 +116,8 @@ class TorchRunner:
                 out = tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
         return dict(zip(outputs, out if isinstance(out, tuple) else (out,)))
 
-    def _wrap(self, module: torch.nn.Module) -> Any:
-        if not self.compiled:
+    def _wrap(self, name: str, module: torch.nn.Module) -> Any:
+        if not self.compiled or (self.device.type == "cpu" and name in self.EAGER_ON_CPU):
             return module
         from dspark.fast.compile import compile_step
 
