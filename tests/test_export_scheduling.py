@@ -126,3 +126,16 @@ def test_a_vocabulary_cut_keeps_only_the_calibration(target, tmp_path):
     # a re-export without a checkpoint leaves no stale scheduling file behind
     export_onnx(pt, tmp_path / "onnx")
     assert not (tmp_path / "onnx" / "calibration.json").exists()
+
+
+def test_exporting_into_the_checkpoint_folder_itself_is_refused_and_touches_nothing(target, tmp_path):
+    """The export writes confidence.json / calibration.json beside the graphs and a re-export removes
+    them: into the checkpoint's own folder that would overwrite, then delete, the checkpoint's files."""
+    ckpt = _checkpoint(target, tmp_path / "ckpt", "stacked")
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    pt = from_pretrained(ckpt, target)
+    with pytest.raises(ExportError, match="is the checkpoint folder itself"):
+        export_onnx(pt, ckpt, checkpoint=ckpt)
+    with pytest.raises(ExportError, match="is the checkpoint folder itself"):
+        export_onnx(pt, tmp_path / "ckpt" / ".." / "ckpt", checkpoint=ckpt)
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before

@@ -160,3 +160,22 @@ def test_the_race_leaves_the_drafter_on_the_runner_it_reports():
     assert choice.reason.startswith(f"draft round on the {choice.runner} runner: eager ")
     assert choice.to_dict()["runner"] == choice.runner
     assert list(target.request_ids) == []  # the race's engines left nothing behind
+
+
+def test_the_race_does_not_time_a_runner_that_fell_back_as_compiled(monkeypatch, caplog):
+    """A graph that fails to compile in the race's warm-up leaves the runner eager: the race must
+    say so instead of reporting eager timings under 'compiled'."""
+    def failing(module, device, **kw):
+        def run(**inputs):
+            raise RuntimeError("LoweringException: an op inductor cannot lower")
+        return run
+
+    monkeypatch.setattr("dspark.fast.compile.compile_step", failing)
+    target = FastTarget(_model(), path="packed")
+    drafter = _drafter(target, "dflash")
+    with caplog.at_level(logging.WARNING, logger="dspark.drafters.loop"):
+        choice = choose_draft_runner(target, drafter, [torch.tensor(p) for p in PROMPTS[::2]], FLAT, rounds=3)
+    assert set(choice.overhead_seconds) == {"eager"} and choice.runner == "eager"
+    assert choice.notes == ("compiled: a graph failed to compile, the drafter ran eager",)
+    assert "LoweringException" in caplog.text
+    assert drafter.loop.runner.path == "eager"

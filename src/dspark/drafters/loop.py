@@ -99,22 +99,22 @@ class TorchRunner:
                             for g in self.drafter.graph_specs(self.drafter, live=True)}
         module, outputs = self._graphs[graph]
         dev = self.device  # the loop builds small index tensors on the CPU; the modules may be on CUDA
-        args = {k: v.to(dev, non_blocking=True) for k, v in inputs.items()}
-        if not self.compiled:
-            out = module(**args)
-        else:
-            try:
-                out = module(**args)
-            except Exception as err:  # a shape class that fails to compile: the graphs are pure, rerun eager
-                from dspark.fast.compile import first_line
+        try:
+            out = module(**{k: v.to(dev, non_blocking=True) for k, v in inputs.items()})
+        except Exception as err:
+            if not self.compiled:
+                raise
+            # a shape class that fails to compile: the graphs are pure, so rerun this call eager
+            from dspark.fast.compile import first_line
 
-                log.warning("compiled draft graph %r failed (%s); the drafter runs eager from here", graph,
-                            first_line(err))
-                self.compiled, self._graphs = False, None
-                return self.run(graph, inputs)
-            if dev.type == "cuda":  # CUDA-graph outputs are overwritten by the next replay; the loop keeps them
-                out = tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
-        return dict(zip(outputs, out if isinstance(out, tuple) else (out,)))
+            log.warning("compiled draft graph %r failed (%s); the drafter runs eager from here", graph,
+                        first_line(err))
+            self.compiled, self._graphs = False, None
+            return self.run(graph, inputs)
+        out = out if isinstance(out, tuple) else (out,)
+        if self.compiled and dev.type == "cuda":  # CUDA-graph outputs are overwritten by the next replay
+            out = tuple(o.clone() for o in out)
+        return dict(zip(outputs, out))
 
     def _wrap(self, name: str, module: torch.nn.Module) -> Any:
         if not self.compiled or (self.device.type == "cpu" and name in self.EAGER_ON_CPU):

@@ -325,6 +325,10 @@ def export_onnx(
         )
     if not drafter.is_bound:
         raise ExportError("the drafter is not bound to a target: load it with from_pretrained(path, target)")
+    if checkpoint is not None and Path(out_dir).resolve() == Path(checkpoint).resolve():
+        # the export writes (and a re-export removes) confidence.json / calibration.json in OUT:
+        # into the checkpoint folder itself that would overwrite, then delete, the checkpoint's own
+        raise ExportError(f"the output folder {out_dir} is the checkpoint folder itself; export into another folder")
     out = prepare_out_dir(out_dir)
     _remove_previous(out)
     src = drafter
