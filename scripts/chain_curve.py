@@ -1,7 +1,7 @@
 """The training curve of a drafter trained in stages (each stage `--init-from` the last), on one step axis.
 
-    python scripts/chain_curve.py data/smollm2-135m/runs/dspark-5l data/smollm2-135m/runs/dspark-5l-long \
-        data/smollm2-135m/runs/dspark-5l-xl --out docs/reports/figures/dspark-5l-chain.png
+    python scripts/chain_curve.py RUNS/dspark-5l RUNS/dspark-5l-long \
+        RUNS/dspark-5l-xl --out docs/reports/figures/dspark-5l-chain.png
 
 Each RUN folder holds the `log.jsonl` of `dspark train` (one record per step: loss, analytic τ on the
 step's own teacher-forced batch). The per-step values are noisy (8 sequences × 8 anchors a step), so

@@ -2,7 +2,7 @@
 training responses:
     python scripts/token_ranking.py TRAIN.jsonl DRAFTER_FOLDER [--source TEXT]
 TRAIN.jsonl: `dspark data` rows with `response_ids` (e.g. train.jsonl of
-data/smollm2-135m/natural.tar.xz); the eval prompts are disjoint from it by construction."""
+data/smollm2-135m/natural15.tar.xz); the eval prompts are disjoint from it by construction."""
 import argparse
 import json
 

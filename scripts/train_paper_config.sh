@@ -46,10 +46,20 @@ unpack() {  # unpack ARCHIVE/$1.tar.xz into $2 unless $2 already holds data
   mkdir -p "$2" && tar -xJf "$ARCHIVE/$1.tar.xz" -C "$2" && echo "unpacked $ARCHIVE/$1.tar.xz into $2"
 }
 unpack templated "$TEMPLATED"
-unpack natural "$DATA"
-# finished runs committed by an earlier session (ARCHIVE/runs/<name>: the int8 checkpoint with its
-# calibration, train.json, log.jsonl, curve.png — no state.pt): restored where RUNS has none, so
-# step 2 skips them and the eval script finds them
+# data12 is stored as data15's first rows (natural12.tar.xz holds its held-out prompts, meta.json and
+# prefix.json: how many of natural15's training rows, and their sha256)
+if [ -f "$ARCHIVE/natural12.tar.xz" ] && [ ! -f "$DATA/train.jsonl" ]; then
+  mkdir -p "$DATA" && tar -xJf "$ARCHIVE/natural12.tar.xz" -C "$DATA"
+  rows=$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["train.jsonl"]["first_rows"])' "$DATA/prefix.json")
+  tar -xOJf "$ARCHIVE/natural15.tar.xz" train.jsonl | head -n "$rows" > "$DATA/train.jsonl.partial"
+  python -c 'import hashlib,json,sys; want=json.load(open(sys.argv[1]))["train.jsonl"]["sha256"]
+got=hashlib.sha256(open(sys.argv[2],"rb").read()).hexdigest(); sys.exit(0 if got == want else f"{sys.argv[2]}: sha256 {got} is not {want}")' \
+    "$DATA/prefix.json" "$DATA/train.jsonl.partial"
+  mv "$DATA/train.jsonl.partial" "$DATA/train.jsonl" && echo "unpacked data12 into $DATA"
+fi
+# finished runs checked out from git history into ARCHIVE/runs/<name> (data/smollm2-135m/README.md;
+# the int8 checkpoint with its calibration, train.json, log.jsonl, curve.png — no state.pt): restored
+# where RUNS has none, so step 2 skips them and the eval script finds them; none: all are trained
 for done in "$ARCHIVE"/runs/*/; do
   [ -f "$done/checkpoint/config.json" ] || continue
   name=$(basename "$done")

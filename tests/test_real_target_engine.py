@@ -1,8 +1,8 @@
 """Greedy identity on the real SmolLM2-135M target (fp32): every trained drafter (the shipped
 default drafter (DEFAULT_DRAFTER), also cut to 8,192 tokens, DFlash and Eagle3; DSpark's other heads,
-the reduced draft vocabulary and the legacy layouts (the learned-mask DFlash, ``eagle3-fused``) from
-the retired checkpoints in data/smollm2-135m/retired/) and the n-gram drafter × every scheduler, with
-their STS calibration; three chat prompts of different lengths batched together, one joining
+the reduced draft vocabulary and the legacy layouts (the learned-mask DFlash, ``eagle3-fused``) with
+random weights in the retired drafters' exact layouts, tests/legacy_drafters.py) and the n-gram
+drafter × every scheduler, with their STS calibration; three chat prompts of different lengths batched together, one joining
 mid-stream."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import torch
 import dspark
 from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.engine import Engine
+from legacy_drafters import NAMES as LEGACY_NAMES
+from legacy_drafters import materialize
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,34 +57,40 @@ def references(target):
     return ids, out
 
 
-def _drafter(target, name):
+def _drafter(target, name, legacy_dir: Path):
     if name == "ngram":
         return dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=4), "identity"
     from dspark.checkpoints import resolve_checkpoint
     from dspark.drafters.prune import parse_drafter_ref
-    from dspark.evaluation_runs import folder_calibrator
+    from dspark.evaluation.drafter_specs import folder_calibrator
 
     base, vocab = parse_drafter_ref(name)  # "NAME:vocab=K": the cut variant, calibration of NAME
-    folder = resolve_checkpoint(RETIRED / base if base in RETIRED_NAMES else base)
+    if base in LEGACY_NAMES and not (legacy_dir / base / "model.safetensors").exists():
+        materialize(base, legacy_dir / base)
+    folder = resolve_checkpoint(legacy_dir / base if base in LEGACY_NAMES else base)
     kind = next(k for k in ("dspark", "dflash", "eagle3") if name.startswith(k))  # eagle3 reads eagle3-fused too
     drafter = dspark.get_drafter(kind, target=target, checkpoint=f"{folder}:vocab={vocab}" if vocab else folder)
     # the default drafter's stacked confidence.json is calibrated itself: no calibrator on top
     return drafter, folder_calibrator(folder, vocab) or "identity"
 
 
-RETIRED = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m" / "retired"
-RETIRED_NAMES = ("dspark-vanilla", "dspark-gated", "dspark-rnn",  # 4,096-token draft vocabulary; gated / RNN heads
-                 "dflash-legacy", "eagle3-fused-legacy")  # the legacy layouts shipped as dflash / eagle3 before
-DRAFTERS = ["ngram", DEFAULT_DRAFTER, f"{DEFAULT_DRAFTER}:vocab=8192", *RETIRED_NAMES, "dflash", "eagle3"]
+@pytest.fixture(scope="module")
+def legacy_dir(tmp_path_factory):
+    """Where the legacy-layout drafters (random weights) are written, once per module."""
+    return tmp_path_factory.mktemp("legacy-drafters")
+
+
+TRAINED = ["ngram", DEFAULT_DRAFTER, f"{DEFAULT_DRAFTER}:vocab=8192", "dflash", "eagle3"]
+DRAFTERS = [*TRAINED[:3], *LEGACY_NAMES, *TRAINED[3:]]
 SCHEDULERS = {"full": ("full", {}), "fixed": ("fixed", {"k": 1}), "threshold": ("threshold", {"threshold": 0.3}),
               "sps-greedy": ("sps-greedy", {}), "sps-greedy-sunk": ("sps-greedy", {"sunk": True})}
 
 
 @pytest.mark.parametrize("sched", sorted(SCHEDULERS))
 @pytest.mark.parametrize("dname", DRAFTERS)
-def test_real_target_greedy_identity(target, references, dname, sched):
+def test_real_target_greedy_identity(target, references, legacy_dir, dname, sched):
     ids, refs = references
-    drafter, calibrator = _drafter(target, dname)
+    drafter, calibrator = _drafter(target, dname, legacy_dir)
     name, config = SCHEDULERS[sched]
     engine = Engine(target, drafter, scheduler=dspark.get_scheduler(name, **config),
                     cost_model="sps-table", calibrator=calibrator)
@@ -94,7 +102,7 @@ def test_real_target_greedy_identity(target, references, dname, sched):
     done = {c.request_id: c for c in engine.pop_finished()}
     for rid, ref in zip(rids, refs):
         assert done[rid].output_ids == ref, f"{dname}/{sched}: {rid} diverged from the target's greedy decode"
-    if dname != "ngram" and sched in ("full", "fixed"):  # trained drafters must actually be accepted
+    if dname in TRAINED[1:] and sched in ("full", "fixed"):  # trained drafters must actually be accepted
         assert sum(sum(c.rounds.accepted) for c in done.values()) > 0, f"{dname}: no draft accepted"
 
 

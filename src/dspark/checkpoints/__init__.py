@@ -15,15 +15,12 @@ __all__ = ["ROOT", "DEFAULT_DRAFTER", "shipped", "locate", "resolve_checkpoint",
 ROOT = Path(__file__).parent / "smollm2-135m"
 # The main job's drafter: the paper's configuration in the reference layout (5 Qwen3 draft layers,
 # vanilla head, full vocabulary), trained 10,000 steps on the 1 M-token natural data (dspark-5l's
-# 3,000, continued by 4,000 as dspark-5l-long, then by 3,000 more: data/smollm2-135m/runs/), so
+# 3,000, continued by 4,000 as dspark-5l-long, then by 3,000 more), so
 # `dspark convert dspark-5l-xl OUT --to speculators --target smollm2-135m` gives what vLLM serves.
 # The baselines are the paper configuration's runs in the reference layout too (so they convert the
-# same way): `dflash` is data/smollm2-135m/runs/dflash-5l (5 draft layers, full vocabulary) and
-# `eagle3` is runs/eagle3-1l (1 layer, 4,096-token draft vocabulary), trained 3,000 steps on the
-# same data; their weights live here only (scripts/train_paper_config.sh restores the runs' copies).
-# Drafters shipped before are kept, unpackaged: dspark-5l and dspark-5l-long in
-# data/smollm2-135m/runs/<name>/checkpoint, older ones in data/smollm2-135m/retired/ (among them
-# dflash-legacy and eagle3-fused-legacy, the legacy-layout 1-layer dflash and eagle3 shipped before).
+# same way): `dflash` is the run dflash-5l (5 draft layers, full vocabulary) and `eagle3` the run
+# eagle3-1l (1 layer, 4,096-token draft vocabulary), trained 3,000 steps on the same data.
+# Drafters shipped before left the tree; git history keeps them (data/smollm2-135m/README.md).
 DEFAULT_DRAFTER = "dspark-5l-xl"
 
 
