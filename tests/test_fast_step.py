@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -296,6 +297,39 @@ def test_inference_linear_packs_bf16_and_repacks_a_changed_weight():
     assert not packs(x.float(), w.float())  # fp32: F.linear as written
     with torch.enable_grad():
         assert not packs(x, w.requires_grad_())  # training: never the packed route
+
+
+def test_a_cpu_that_cannot_pack_bf16_runs_the_products_as_written(monkeypatch, caplog):
+    """Without AVX-512 (an AVX2-only CPU) oneDNN's bf16 packing raises: the probe declines the packed
+    route once, in one logged sentence, and the packed step path still runs, with plain products."""
+    import dspark.fast.linear as lin
+
+    def refuse(weight):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+
+    monkeypatch.setattr(lin, "_reorder", refuse)
+    lin.bf16_packing_supported.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="dspark.fast.linear"):
+            w = torch.randn(48, 32).bfloat16()
+            assert not lin.can_pack(w) and not lin.Linear(w, pack=True).pack
+        assert [r.getMessage() for r in caplog.records] == [
+            "bf16 weights are not prepacked on this CPU (mkldnn_reorder_linear_weight: bf16 path needs the cpu "
+            "support avx512bw); products run as written"]
+        model = _tiny("llama", vocab=64, hidden_size=64, intermediate_size=128).to(torch.bfloat16)
+        packed = FastTarget(model, path="packed")
+        assert not any(layer.qkv.pack for layer in packed._step.layers)
+        with torch.inference_mode():
+            x = torch.randn(5, 32).bfloat16()
+            assert torch.equal(lin.inference_linear(x, w), torch.nn.functional.linear(x, w))
+        prompt = torch.arange(20) % 64  # oracle: the fp32 HF forward; bf16 error no worse than HF's own
+        exact = HFTarget(copy.deepcopy(model).float()).prefill(["a"], [prompt]).logits.float()
+        hf_err = (HFTarget(model).prefill(["a"], [prompt]).logits.float() - exact).abs().max()
+        fast_err = (packed.prefill(["a"], [prompt]).logits.float() - exact).abs().max()
+        assert fast_err <= 2 * hf_err + 0.01, (fast_err, hf_err)
+    finally:
+        monkeypatch.undo()
+        lin.bf16_packing_supported.cache_clear()
 
 
 def test_the_engine_routes_a_bf16_drafters_linears_through_packed_weights():

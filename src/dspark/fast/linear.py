@@ -8,19 +8,44 @@ small M of a decode step. Packing once removes it (``torch.ops.mkldnn._reorder_l
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "can_pack", "fused", "inference_linear", "packs", "route_linears"]
+__all__ = ["Linear", "bf16_packing_supported", "can_pack", "fused", "inference_linear", "packs", "route_linears"]
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def bf16_packing_supported() -> bool:
+    """Whether this CPU's oneDNN can pack and multiply bf16 weights. It cannot without AVX-512
+    (BW, VL, DQ) or AVX-NE-CONVERT, e.g. on an AVX2-only CPU: there the packing op raises, so it is
+    probed once on a small weight and the packed route is declined with one logged sentence."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        _reorder(torch.zeros(16, 16, dtype=torch.bfloat16))
+    except RuntimeError as err:
+        log.info("bf16 weights are not prepacked on this CPU (%s); products run as written",
+                 str(err).split("\n")[0])
+        return False
+    return True
+
+
+def _reorder(weight: torch.Tensor) -> Any:
+    """oneDNN's blocked layout of a [out, in] weight, for ``_linear_pointwise`` at batch size 1 and up."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` can be prepacked here: a bf16 CPU tensor and oneDNN available."""
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16
-            and torch.backends.mkldnn.is_available())
+    """Whether ``weight`` can be prepacked here: a bf16 CPU tensor, on a CPU whose oneDNN packs bf16
+    (:func:`bf16_packing_supported`)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and bf16_packing_supported())
 
 
 def fused(*linears: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -63,7 +88,7 @@ def _packed(weight: torch.Tensor) -> Any:
     entry = getattr(weight, "_dspark_packed", None)
     if entry is None or entry[0] != weight._version:
         with torch.no_grad():
-            entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
+            entry = (weight._version, _reorder(weight.detach()))
         weight._dspark_packed = entry
     return entry[1]
 
