@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench-scheduler
+.PHONY: setup demo test test-fast lint bench-scheduler
 
 # speculators' runtime dependencies (the interop extra) without torch / torchvision / torchaudio /
 # transformers: its declared ones would pull a CUDA torch and cap transformers (pyproject.toml).
@@ -27,8 +27,14 @@ setup: $(BIN)/python
 demo: setup
 	$(BIN)/dspark demo
 
+# Two tiers: the unit tier (test-fast, everyday work) and the real-target tier (marker `slow`); `make test`
+# runs both and keeps its JUnit report, which scripts/test_durations.py sums by tier and file.
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
+	mkdir -p out/tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30 -o junit_family=xunit1 --junitxml=out/tests/junit.xml
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 lint:
 	$(BIN)/ruff check src tests examples scripts

@@ -25,3 +25,9 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(items):
+    """Record each test's tier in the JUnit report (scripts/test_durations.py sums by tier)."""
+    for item in items:
+        item.user_properties.append(("tier", "slow" if item.get_closest_marker("slow") else "unit"))

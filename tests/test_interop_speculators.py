@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -238,7 +237,6 @@ def test_retired_legacy_drafters_still_load_and_are_refused_with_the_exact_reaso
     the reference-layout ones still load in their layout; the speculators writer refuses them
     naming every departure."""
     from dspark.drafters.checkpoint import from_pretrained
-
     from legacy_drafters import materialize
 
     target, folder = smollm2
