@@ -16,6 +16,9 @@ docs/export.md).
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,27 @@ from dspark.export.runtime import ExportedDrafter, require_kind
 __all__ = ["OrtDrafter", "OrtRunner"]
 
 _NP = {"float32": np.float32, "int64": np.int64, "bool": np.bool_}
+log = logging.getLogger(__name__)
+
+
+def ort_distributions() -> list[str]:
+    """The installed distributions that provide the ``onnxruntime`` module."""
+    found = []
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+@functools.cache
+def _warn_if_both_installed() -> None:
+    both = ort_distributions()
+    if len(both) > 1:  # the `onnx` and `onnx-gpu` extras together: whichever installed last owns the module
+        log.warning("both %s are installed and share one onnxruntime module, so which one runs is whichever "
+                    "pip installed last: keep one (pip uninstall onnxruntime, for the CUDA provider)", " and ".join(both))
 
 
 def _require_ort() -> Any:
@@ -36,6 +60,7 @@ def _require_ort() -> Any:
         import onnxruntime
     except ImportError:
         raise ExportError("the onnxruntime backend needs the onnxruntime package: pip install 'dspark[onnx]'") from None
+    _warn_if_both_installed()
     return onnxruntime
 
 
