@@ -15,7 +15,7 @@ from dspark.drafters.checkpoint import (
 )
 from dspark.drafters.config import DrafterConfig, default_layer_ids
 from dspark.drafters.neural import build_drafter
-from dspark.protocols import DraftContext
+from dspark.protocols import DraftContext, TargetFeatures
 from dspark.types import SamplingParams
 from helpers import tiny_causal_lm, tiny_config
 
@@ -63,7 +63,7 @@ def ctx(target, drafter, prompts, seen, sampling=None, gens=None):
     feats = [target.features(p, drafter.target_layer_ids, s, p.numel() - 1) for p, s in zip(prompts, seen)]
     rids = [f"r{i}" for i in range(len(prompts))]
     sampling = sampling or [SamplingParams()] * len(prompts)
-    return DraftContext(rids, prompts, sampling, gens, features={"hidden": feats})
+    return DraftContext(rids, prompts, sampling, gens, features=TargetFeatures(feats))
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))
@@ -87,7 +87,7 @@ def test_incremental_context_equals_fresh_drafter(target, name):
     p1 = torch.cat([p0, blk.tokens[0, :2], torch.tensor([5])])  # 2 accepted + a recovered token
     c1 = ctx(target, d, [p1], [p0.numel() - 1])
     # the engine also says where the new features start: right after the context, so no restart
-    c1 = DraftContext(c1.request_ids, c1.token_ids, c1.sampling, features={**c1.features, "hidden_start": [p0.numel() - 1]})
+    c1 = DraftContext(c1.request_ids, c1.token_ids, c1.sampling, features=TargetFeatures(c1.features.hidden, [p0.numel() - 1]))
     second = d.draft(c1)
     fresh = make(target, name)
     again = fresh.draft(ctx(target, fresh, [p1], [0]))
@@ -97,7 +97,7 @@ def test_incremental_context_equals_fresh_drafter(target, name):
 
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_a_feature_gap_restarts_the_context_as_a_fresh_drafter_on_the_suffix(target, name):
-    """After a gap (features resume at position s, `hidden_start`), the drafter attends to the
+    """After a gap (features resume at position s, `TargetFeatures.start`), the drafter attends to the
     context from s on. Its layers see positions only through RoPE, so this equals a fresh drafter
     given the suffix from s as a sequence of its own (the same feature vectors). With no features
     at all (start = the anchor) it equals a fresh drafter on the anchor alone."""
@@ -108,20 +108,20 @@ def test_a_feature_gap_restarts_the_context_as_a_fresh_drafter_on_the_suffix(tar
     d.draft(ctx(target, d, [p0], [0]))  # context 0..5
     s = 10
     f = target.features(p1, d.target_layer_ids, s, p1.numel() - 1)  # positions 10..13
-    after_gap = d.draft(DraftContext(["r0"], [p1], [SamplingParams()], features={"hidden": [f], "hidden_start": [s]}))
+    after_gap = d.draft(DraftContext(["r0"], [p1], [SamplingParams()], features=TargetFeatures([f], [s])))
     fresh = make(target, name)
-    suffix = fresh.draft(DraftContext(["r0"], [p1[s:]], [SamplingParams()], features={"hidden": [f]}))
+    suffix = fresh.draft(DraftContext(["r0"], [p1[s:]], [SamplingParams()], features=TargetFeatures([f])))
     torch.testing.assert_close(after_gap.draft_logits, suffix.draft_logits, atol=1e-4, rtol=1e-4)
     assert torch.equal(after_gap.tokens, suffix.tokens)
     # overlapping features are refused; an empty restart at the anchor drafts from the anchor alone
     p2 = torch.cat([p1, torch.tensor([3, 9])])
     with pytest.raises(ValueError, match="already holds context"):
         d.draft(DraftContext(["r0"], [p2], [SamplingParams()],
-                             features={"hidden": [target.features(p2, d.target_layer_ids, 12, 16)], "hidden_start": [12]}))
+                             features=TargetFeatures([target.features(p2, d.target_layer_ids, 12, 16)], [12])))
     empty = torch.zeros(0, f.shape[1])
-    alone = d.draft(DraftContext(["r0"], [p2], [SamplingParams()], features={"hidden": [empty], "hidden_start": [16]}))
+    alone = d.draft(DraftContext(["r0"], [p2], [SamplingParams()], features=TargetFeatures([empty], [16])))
     fresh = make(target, name)
-    one = fresh.draft(DraftContext(["r0"], [p2[16:]], [SamplingParams()], features={"hidden": [empty]}))
+    one = fresh.draft(DraftContext(["r0"], [p2[16:]], [SamplingParams()], features=TargetFeatures([empty])))
     torch.testing.assert_close(alone.draft_logits, one.draft_logits, atol=1e-4, rtol=1e-4)
 
 
@@ -151,12 +151,12 @@ def test_sampled_drafts_use_the_request_generator(target):
 def test_missing_or_wrong_features_are_clear_errors(target):
     d = make(target, "dflash")
     p = torch.randint(0, 64, (5,))
-    with pytest.raises(ValueError, match="features\\['hidden'\\]"):
+    with pytest.raises(ValueError, match="features=TargetFeatures\\(hidden="):
         d.draft(DraftContext(["r"], [p], [SamplingParams()]))
     with pytest.raises(ValueError, match="features must be"):
-        d.draft(DraftContext(["r"], [p], [SamplingParams()], features={"hidden": [torch.zeros(4, 7)]}))
+        d.draft(DraftContext(["r"], [p], [SamplingParams()], features=TargetFeatures([torch.zeros(4, 7)])))
     with pytest.raises(ValueError, match="pass the target features of every committed token"):
-        d.draft(DraftContext(["r"], [p], [SamplingParams()], features={"hidden": [torch.zeros(2, 32 * len(d.target_layer_ids))]}))
+        d.draft(DraftContext(["r"], [p], [SamplingParams()], features=TargetFeatures([torch.zeros(2, 32 * len(d.target_layer_ids))])))
 
 
 def test_config_validation_and_defaults():
@@ -213,7 +213,7 @@ def test_a_calibrated_stacked_confidence_json_replaces_the_folders_calibrator(ta
     import dspark
     from dspark.confidence import StackedConfidence
     from dspark.engine import Engine
-    from dspark.evaluation_runs import folder_calibrator
+    from dspark.evaluation.drafter_specs import folder_calibrator
 
     d = make(target, "dspark-gated")
     save_pretrained(d, tmp_path)
@@ -263,4 +263,4 @@ def test_build_drafter_needs_a_bound_target():
     cfg = DrafterConfig.for_target(FakeTarget().config, "dflash", num_layers=1)
     d = build_drafter(cfg)
     with pytest.raises(RuntimeError, match="bind_target"):
-        d.draft(DraftContext(["r"], [torch.tensor([1, 2])], [SamplingParams()], features={"hidden": [torch.zeros(1, 32 * len(cfg.target_layer_ids))]}))
+        d.draft(DraftContext(["r"], [torch.tensor([1, 2])], [SamplingParams()], features=TargetFeatures([torch.zeros(1, 32 * len(cfg.target_layer_ids))])))

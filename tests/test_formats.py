@@ -18,6 +18,7 @@ import reference_fixtures as rf
 from dspark.cli import main as cli_main
 from dspark.drafters import formats
 from dspark.drafters.checkpoint import CheckpointError, from_pretrained, read_config
+from dspark.protocols import TargetFeatures
 from dspark.protocols.drafter import DraftContext
 from dspark.types import SamplingParams
 
@@ -130,11 +131,11 @@ def test_gated_and_rnn_heads_are_refused_for_vllm(name, tmp_path):
 
 
 def test_cli_convert_one_liner(tmp_path, capsys):
-    rc = cli_main(["convert", str(rf.folder("deepspec-dspark-vanilla")), str(tmp_path / "out"), "--to", "speculators",
+    rc = cli_main(["convert", "--drafter", str(rf.folder("deepspec-dspark-vanilla")), "--out", str(tmp_path / "out"), "--to", "speculators",
                    "--verifier", str(VERIFIER)])
     assert rc == 0 and "deepspec" in capsys.readouterr().out
     assert _bytes(tmp_path / "out") == _bytes(rf.folder("speculators-dspark"))
-    rc = cli_main(["convert", str(rf.folder("deepspec-dspark-vanilla")), str(tmp_path / "out"), "--to", "speculators",
+    rc = cli_main(["convert", "--drafter", str(rf.folder("deepspec-dspark-vanilla")), "--out", str(tmp_path / "out"), "--to", "speculators",
                    "--verifier", str(VERIFIER)])
     assert rc == 2 and "exists" in capsys.readouterr().err  # never clobbered without --overwrite
 
@@ -211,14 +212,14 @@ def test_zlab_dflash_drafts_from_the_mask_slots_only(tmp_path, target):
     assert zlab.gamma == gamma and not zlab.config.sample_from_anchor
     t, _ = rf.cases("deepspec-dflash")
     ids, feats = t["round_1/known_ids"], t["round_1/target_hidden_states"]
-    block = zlab.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
+    block = zlab.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features=TargetFeatures([feats])))
     ref_cfg = json.loads((rf.folder("deepspec-dflash") / "config.json").read_text())
     ref_cfg["block_size"] = B
     (tmp_path / "ds_block_B").mkdir()
     (tmp_path / "ds_block_B" / "config.json").write_text(json.dumps(ref_cfg))
     shutil.copy(rf.folder("deepspec-dflash") / "model.safetensors", tmp_path / "ds_block_B" / "model.safetensors")
     dsB = from_pretrained(tmp_path / "ds_block_B", target)
-    rows = dsB.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
+    rows = dsB.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features=TargetFeatures([feats])))
     torch.testing.assert_close(block.draft_logits[0], rows.draft_logits[0, 1:], atol=1e-5, rtol=0)
     assert block.tokens[0].tolist() == rows.tokens[0, 1:].tolist()
     # written as speculators it keeps sample_from_anchor false and block_size B
@@ -234,7 +235,7 @@ def test_export_reads_reference_checkpoints(name, tmp_path, capsys):
     """`python -m dspark.export` takes a reference folder like any other and validates against it."""
     from dspark.export.cli import main as export_main
 
-    rc = export_main([str(rf.folder(name)), "--onnx", str(tmp_path / "onnx"), "--target", str(rf.ROOT / "target"),
+    rc = export_main(["--drafter", str(rf.folder(name)), "--out", str(tmp_path / "onnx"), "--target", str(rf.ROOT / "target"),
                       "--validate", "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -269,7 +270,7 @@ def test_convert_overwrite_never_deletes_what_dspark_did_not_write(where, tmp_pa
     before = _user_files(root)
     monkeypatch.chdir(root)
     out = {"parent-of-src": str(root), "src": str(root / "ckpt"), "cwd": ".", "user-folder": str(root / "data")}[where]
-    rc = cli_main(["convert", str(root / "ckpt"), out, "--to", "speculators", "--overwrite"])
+    rc = cli_main(["convert", "--drafter", str(root / "ckpt"), "--out", out, "--to", "speculators", "--overwrite"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and ("input" in err or "not written by dspark" in err), err
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before

@@ -40,7 +40,7 @@ def plugin_module():
 
 class EchoDrafter:
     name, gamma, vocab_size = "echo", 2, 5
-    target_layer_ids, timings = (), {}
+    target_layer_ids, timings, confidence_model = (), {}, None
 
     def draft(self, context):
         R = len(context.request_ids)
@@ -66,7 +66,7 @@ class ZeroHead:
 
 
 class HalfConfidence:
-    name = "half"
+    name, calibrated = "half", False
 
     def confidence_logits(self, block):
         return torch.zeros(block.tokens.shape)
@@ -115,8 +115,10 @@ def WideDFlash():  # noqa: N802 (a zero-argument factory, registered like a clas
     """A third party's kind: DFlash's module, graphs, round and recipe, 2 draft layers by default."""
     from dspark.drafters.kinds import NeuralKind
 
-    return NeuralKind("wide-dflash", "DFlash with two draft layers", "dspark.drafters.neural:BlockDrafter",
+    return NeuralKind("wide-dflash", "DFlash with two draft layers", "dspark.drafters.dflash.model:BlockDrafter",
                       defaults={"num_layers": 2}, uses_mask_token=True,
+                      train_forward="dspark.drafters.dflash.training:block_forward",
+                      train_loss="dspark.drafters.dflash.training:BlockLoss",
                       loss_weights={"lambda_ce": 1.0, "lambda_l1": 0.0, "lambda_conf": 0.0})
 
 
@@ -147,8 +149,8 @@ def test_each_hook_registers_lists_and_builds(kind, plugin_module):
     obj = getter(name)
     assert isinstance(obj, EXTENSION_POINTS[kind].protocol)
     row = next(r for r in dspark.list_plugins() if r["kind"] == kind and r["name"] == name)
-    assert row == {"kind": kind, "name": name, "plugin": "test-plugin", "version": "9.9",
-                   "description": "from the test plugin"}
+    assert row == {"kind": kind, "name": name, "plugin": "test-plugin", "distribution": None,  # registered at run time
+                   "version": "9.9", "description": "from the test plugin"}
 
 
 def test_unregister_removes_the_names(plugin_module):
@@ -265,7 +267,7 @@ def test_cli_lists_every_builtin_and_the_plugin_package(capsys):
     from dspark.cli import main
 
     assert main(["plugins", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["plugins"]  # one JSON object
     got = {(r["kind"], r["name"]) for r in rows}
     for expected in [("schedulers", "sps-greedy"), ("schedulers", "full"), ("schedulers", "fixed"),
                      ("schedulers", "threshold"), ("schedulers", "sps-argmax"),
@@ -274,8 +276,13 @@ def test_cli_lists_every_builtin_and_the_plugin_package(capsys):
                      ("confidence_models", "max-prob"), ("drafters", "ngram"),
                      ("schedulers", "token-budget"), ("cost_models", "affine")]:
         assert expected in got
+    # each row names the distribution that installed it: dspark itself, or the plugin's package
+    budget = next(r for r in rows if r["name"] == "token-budget")
+    assert budget["distribution"] and budget["distribution"] != "dspark"
+    assert {r["distribution"] for r in rows if r["plugin"] == "dspark"} == {"dspark"}
     assert main(["plugins"]) == 0
-    assert "token-budget" in capsys.readouterr().out
+    listing = capsys.readouterr().out
+    assert "token-budget" in listing and f"from {budget['distribution']}" in listing
 
 
 def test_hooks_doc_lists_every_hook_and_builtin():

@@ -14,7 +14,8 @@ import torch
 
 import reference_fixtures as rf
 from dspark.drafters.checkpoint import from_pretrained
-from dspark.drafters.loop import backbone
+from dspark.drafters.dflash.round import backbone
+from dspark.protocols import TargetFeatures
 from dspark.protocols.drafter import DraftContext
 from dspark.types import SamplingParams
 
@@ -30,7 +31,7 @@ def target(one_thread):
 def _round(drafter, t, r):
     ids = t[f"round_{r}/known_ids"]
     ctx = DraftContext(["req"], [ids], [SamplingParams.greedy()],
-                       features={"hidden": [t[f"round_{r}/target_hidden_states"]]})
+                       features=TargetFeatures([t[f"round_{r}/target_hidden_states"]]))
     return drafter.draft(ctx)
 
 

@@ -19,10 +19,12 @@ import torch
 
 import reference_fixtures as rf
 from dspark.drafters.config import DrafterConfig
-from dspark.drafters.eagle3 import Eagle3Drafter
-from dspark.drafters.neural import Eagle3FusedDrafter, build_drafter
+from dspark.drafters.eagle3.model import Eagle3Drafter, Eagle3FusedDrafter
+from dspark.drafters.eagle3.training import eagle3_forward
+from dspark.drafters.neural import build_drafter
+from dspark.protocols import TargetFeatures
 from dspark.protocols.drafter import DraftContext
-from dspark.training.forward import Batch, eagle3_forward
+from dspark.training.forward import Batch
 from dspark.types import SamplingParams
 
 LOGIT_ATOL = 1e-5
@@ -77,7 +79,7 @@ def test_deepspec_eagle3_matches_reference_rounds(model):
     d = _reference_drafter(model, "deepspec-eagle3")
     for r in rf.rounds("deepspec-eagle3"):
         ctx = DraftContext(["req"], [t[f"round_{r}/known_ids"]], [SamplingParams.greedy()],
-                           features={"hidden": [t[_new_features(r)]]})
+                           features=TargetFeatures([t[_new_features(r)]]))
         blk = d.draft(ctx)
         assert blk.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist() == meta["inference"]["rounds"][r - 1]["draft_tokens"]
         torch.testing.assert_close(blk.hidden[0], t[f"round_{r}/step_hidden"], rtol=HIDDEN_RTOL, atol=HIDDEN_ATOL)
@@ -95,16 +97,16 @@ def test_deepspec_eagle3_batched_with_a_fresh_request(model):
     t, _ = rf.cases("deepspec-eagle3")
     d = _reference_drafter(model, "deepspec-eagle3")
     g = SamplingParams.greedy()
-    d.draft(DraftContext(["a"], [t["round_1/known_ids"]], [g], features={"hidden": [t["prefill/target_hidden_states"]]}))
+    d.draft(DraftContext(["a"], [t["round_1/known_ids"]], [g], features=TargetFeatures([t["prefill/target_hidden_states"]])))
     n = max(2, t["prompt_ids"].numel() // 3)  # a shorter fresh request: n tokens, n − 1 features
     other = t["round_1/known_ids"][:n]
     blk = d.draft(DraftContext(["a", "b"], [t["round_2/known_ids"], other], [g, g],
-                               features={"hidden": [t["round_1/update/target_hidden_states"],
-                                                    t["prefill/target_hidden_states"][: n - 1]]}))
+                               features=TargetFeatures([t["round_1/update/target_hidden_states"],
+                                                        t["prefill/target_hidden_states"][: n - 1]])))
     assert blk.tokens[0].tolist() == t["round_2/draft_tokens"].tolist()
     torch.testing.assert_close(blk.draft_logits[0], t["round_2/step_logits"], rtol=0, atol=LOGIT_ATOL)
     solo = _reference_drafter(model, "deepspec-eagle3").draft(
-        DraftContext(["b"], [other], [g], features={"hidden": [t["prefill/target_hidden_states"][: n - 1]]}))
+        DraftContext(["b"], [other], [g], features=TargetFeatures([t["prefill/target_hidden_states"][: n - 1]])))
     torch.testing.assert_close(blk.draft_logits[1], solo.draft_logits[0], rtol=0, atol=LOGIT_ATOL)
 
 
@@ -179,7 +181,7 @@ def test_legacy_eagle3_fused_still_builds_drafts_and_trains(model):
             return rf.features(model(seq, output_hidden_states=True).hidden_states, cfg.target_layer_ids)
 
     feats = features(ids[None, :-1])[0]  # context positions 0 … anchor − 1
-    blk = d.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [feats]}))
+    blk = d.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features=TargetFeatures([feats])))
     assert blk.tokens.shape == (1, 4) and blk.hidden is None
     assert torch.isfinite(blk.draft_logits).all()
     # the training forward still runs the fused layout, and agrees with inference on its chain
@@ -226,6 +228,6 @@ def test_checkpoint_folders_load_through_from_pretrained(model, name):
     assert d.gamma == rf.block_size(name) == rf.block_size("deepspec-eagle3")
     for r in rf.rounds("deepspec-eagle3"):
         blk = d.draft(DraftContext(["req"], [t[f"round_{r}/known_ids"]], [SamplingParams.greedy()],
-                                   features={"hidden": [t[_new_features(r)]]}))
+                                   features=TargetFeatures([t[_new_features(r)]])))
         assert blk.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist()
         torch.testing.assert_close(blk.draft_logits[0], t[f"round_{r}/step_logits"], rtol=0, atol=LOGIT_ATOL)

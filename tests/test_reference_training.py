@@ -11,9 +11,11 @@ import torch
 
 import reference_fixtures as rf
 from dspark.drafters.config import DrafterConfig, TargetInfo
+from dspark.drafters.dflash.training import block_forward
 from dspark.drafters.layers import LayerShape
 from dspark.drafters.neural import build_drafter
-from dspark.training.forward import Batch, block_forward
+from dspark.training.batches import anchor_candidates, sample_anchors
+from dspark.training.forward import Batch
 from dspark.training.losses import (
     accept_rate,
     bce_per_token,
@@ -25,7 +27,7 @@ from dspark.training.losses import (
     loss_weights,
     normalise,
 )
-from dspark.training.trainer import TrainConfig, anchor_candidates, sample_anchors
+from dspark.training.trainer import TrainConfig
 from reference_fixtures import DEEPSPEC_BLOCK, cases, folder, target_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

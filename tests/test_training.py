@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from dspark.drafters.checkpoint import from_pretrained, save_pretrained
-from dspark.training.forward import block_forward
+from dspark.drafters.dflash.training import block_forward
+from dspark.protocols import TargetFeatures
+from dspark.training.batches import global_batch, sample_anchors
 from dspark.training.losses import (
     accept_rate,
     analytic_tau,
@@ -24,14 +26,7 @@ from dspark.training.losses import (
 )
 from dspark.training.run import build_for_target
 from dspark.training.teacher import build_feature_cache, teacher_forward
-from dspark.training.trainer import (
-    TrainConfig,
-    TrainData,
-    Trainer,
-    global_batch,
-    lr_at,
-    sample_anchors,
-)
+from dspark.training.trainer import TrainConfig, TrainData, Trainer, lr_at
 from helpers import tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -199,7 +194,7 @@ def test_draft_vocabulary_restricts_drafts_and_keeps_q_a_distribution(model):
     for params in (SamplingParams.greedy(), SamplingParams.random(1.0)):
         d.release("r")
         ctx = DraftContext(["r"], [ids], [params], [torch.Generator().manual_seed(0)],
-                           features={"hidden": [feats]})
+                           features=TargetFeatures([feats]))
         blk = d.draft(ctx)
         assert set(blk.tokens.flatten().tolist()) <= allowed
         torch.testing.assert_close(blk.q.sum(-1), torch.ones(1, 4))
@@ -231,8 +226,9 @@ def test_training_raises_the_overlap(model, name, tmp_path):
 def test_training_forward_equals_inference(model, name):
     """On a sequence that continues with the drafter's own greedy drafts, teacher forcing feeds
     exactly what inference fed: the training log-probabilities equal draft()'s at every position."""
+    from dspark.drafters.eagle3.training import eagle3_forward
     from dspark.protocols.drafter import DraftContext
-    from dspark.training.forward import Batch, eagle3_forward
+    from dspark.training.forward import Batch
     from dspark.types import SamplingParams
 
     seqs, _ = tiny_data()
@@ -243,7 +239,7 @@ def test_training_forward_equals_inference(model, name):
     prefix = seqs[0][:13]
     f_prefix = teacher_forward(model, [prefix], d.target_layer_ids)[0].feats
     ctx = DraftContext(["r"], [torch.tensor(prefix)], [SamplingParams.greedy()], [torch.Generator()],
-                       features={"hidden": [f_prefix[:-1]]})
+                       features=TargetFeatures([f_prefix[:-1]]))
     blk = d.draft(ctx)
     s = prefix + blk.tokens[0].tolist() + [0]
     f, _, ti, tl, _ = teacher_forward(model, [s], d.target_layer_ids, 4, teacher="topk")[0]
@@ -548,7 +544,7 @@ def test_ddp_two_processes_equal_one(tmp_path):
     with (tmp_path / "data" / "train.jsonl").open("w") as fh:
         for i, (s, p) in enumerate(zip(seqs, pls)):
             fh.write(json.dumps(Record(str(i), "x", "p", tuple(s[:p]), tuple(s[p:])).to_dict()) + "\n")
-    common = ["--data", str(tmp_path / "data"), "--model", str(tmp_path / "target"), "--kind", "dspark",
+    common = ["--data", str(tmp_path / "data"), "--target", str(tmp_path / "target"), "--kind", "dspark",
               "--rank", "8", "--gamma", "4", "--steps", "4", "--seqs-per-step", "4", "--anchors", "4",
               "--features", "online", "--top-k", "8", "--save-dtype", "float32", "--quiet", "--lr", "3e-3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -20,7 +20,10 @@ from dspark.cost_models import RooflineCostModel, SPSTableCostModel, default_pro
 from dspark.drafters import NGramDrafter
 from dspark.drafters.checkpoint import from_pretrained
 from dspark.drafters.config import DrafterConfig
-from dspark.drafters.kinds import BUILTIN_KINDS, drafter_kind
+from dspark.drafters.dflash import DFLASH_KIND
+from dspark.drafters.dspark import DSPARK_KIND
+from dspark.drafters.eagle3 import EAGLE3_FUSED_KIND, EAGLE3_KIND
+from dspark.drafters.kinds import drafter_kind
 from dspark.heads import GatedMarkovHead, RNNHead, SiluMarkovHead, VanillaMarkovHead
 from dspark.hookspecs import Register, hookimpl
 from dspark.schedulers import (
@@ -30,6 +33,9 @@ from dspark.schedulers import (
     SPSGreedyScheduler,
     ThresholdScheduler,
 )
+
+# The built-in drafter kinds, one folder each under dspark.drafters (a new kind: its folder and a line here).
+BUILTIN_KINDS = (DSPARK_KIND, DFLASH_KIND, EAGLE3_KIND, EAGLE3_FUSED_KIND)
 
 
 def neural_drafter_factory(kind: str):

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 from attrs import field, frozen, validators
 
-from dspark.drafters.kinds import drafter_kind
+from dspark.drafters.kinds import drafter_kind, kind_of_format_v1
 from dspark.drafters.layers import LayerShape
 
 __all__ = ["TargetInfo", "DrafterConfig", "default_layer_ids"]
@@ -192,8 +192,8 @@ class DrafterConfig:
         by the names the reference forms now carry, so they are renamed (docs/interop.md)."""
         if format_version == 1:
             data = dict(data)
-            if data.get("kind") == "eagle3":
-                data["kind"] = "eagle3-fused"
+            if isinstance(data.get("kind"), str):
+                data["kind"] = kind_of_format_v1(data["kind"])
             if data.get("head") == "vanilla-markov":
                 data["head"] = "silu-markov"
         known = {a.name for a in attrs.fields(cls)}

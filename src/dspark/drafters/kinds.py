@@ -1,19 +1,24 @@
 """Drafter kinds as plugin objects: what differs between DSpark, DFlash, Eagle3 and a third
-party's drafter, stated once per kind instead of ``if kind == ...`` branches across the code.
+party's drafter, stated once per kind instead of branches on a kind's name across the code.
 
-A kind carries:
+Each built-in kind lives in one folder — :mod:`dspark.drafters.dspark`, :mod:`dspark.drafters.dflash`,
+:mod:`dspark.drafters.eagle3` (with its legacy ``eagle3-fused`` layout) — holding its kind object,
+its ``nn.Module``, its graphs, its drafting round, its training forward and loss, and its
+checkpoint rules. The shared code (the drafting loop, the layers, the checkpoint formats, the
+trainer) asks the kind object and never names a kind. A kind carries:
 
 * its **config rules** — the reference's defaults for :meth:`DrafterConfig.for_target
   <dspark.drafters.config.DrafterConfig.for_target>`, how many target layers it reads, whether it
   has a sequential head, a fixed number of draft layers, the z-lab anchorless layout;
 * its **module** (an ``nn.Module`` class built from a :class:`~dspark.drafters.config.DrafterConfig`),
-  whose class attributes ``round`` (:func:`~dspark.drafters.loop.block_round` /
-  :func:`~dspark.drafters.loop.autoregressive_round`) and ``graph_specs`` give the runtime step and
-  the graphs every runner (PyTorch, ONNX Runtime, TensorRT) executes;
+  whose class attributes ``round`` (the drafting round, :data:`dspark.drafters.loop.RoundFn`) and
+  ``graph_specs`` give the runtime step and the graphs every runner (PyTorch, ONNX Runtime,
+  TensorRT) executes;
 * its **training recipe** — the forward that yields the training targets, the loss, and the
   reference's loss weights (:class:`~dspark.training.trainer.TrainConfig`);
-* its **checkpoint facts** — the speculators architecture name, whether tensors are renamed to the
-  reference layout, and which kinds a checkpoint of this family may hold.
+* its **checkpoint rules** — the map from its module's tensor names to the reference (DeepSpec /
+  speculators) names, the config fields it writes to and reads from each reference format, what
+  those formats cannot hold of it, and which kinds a checkpoint of its family may hold.
 
 Kinds are registered through the ``register_drafter_kinds`` hook (built-ins in :mod:`dspark.builtins`);
 the module and the training functions are named by import path (``"package.module:attr"``), so a
@@ -23,6 +28,7 @@ kind is cheap to register and importing this module loads no model code.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +37,7 @@ import attrs
 from dspark import plugins
 from dspark.protocols.drafter_kind import DrafterKind
 
-__all__ = ["DrafterKind", "NeuralKind", "drafter_kind", "kind_names", "BUILTIN_KINDS"]
+__all__ = ["DrafterKind", "NeuralKind", "KeyMap", "drafter_kind", "kind_names", "kind_of_format_v1"]
 
 
 def _resolve(path: str) -> Any:
@@ -39,9 +45,59 @@ def _resolve(path: str) -> Any:
     return getattr(importlib.import_module(mod), attr)
 
 
+def _compile(pairs: tuple[tuple[str, str], ...], src: int) -> list[tuple[re.Pattern[str], str]]:
+    """Regexes from side ``src`` of each pair (0: the module, 1: the reference) to the other;
+    ``{i}`` in a prefix stands for a layer index."""
+    out = []
+    for pair in pairs:
+        pattern = "^" + re.escape(pair[src]).replace(re.escape("{i}"), r"(\d+)")
+        out.append((re.compile(pattern), pair[1 - src].replace("{i}", r"\1")))
+    return out
+
+
+@attrs.frozen
+class KeyMap:
+    """Tensor-name prefixes of a kind's module ⇄ the reference checkpoint's, as
+    ``(module prefix, reference prefix)`` pairs; the first pair whose prefix matches renames a key
+    and a key no pair matches keeps its name (so the empty map is the identity)."""
+
+    prefixes: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=tuple)
+    _to_ref: list[tuple[re.Pattern[str], str]] = attrs.field(init=False, eq=False, repr=False)
+    _from_ref: list[tuple[re.Pattern[str], str]] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_to_ref", _compile(self.prefixes, 0))
+        object.__setattr__(self, "_from_ref", _compile(self.prefixes, 1))
+
+    def __add__(self, other: KeyMap) -> KeyMap:
+        return KeyMap(self.prefixes + other.prefixes)
+
+    @staticmethod
+    def _rename(state: Mapping[str, Any], rules: list[tuple[re.Pattern[str], str]]) -> dict[str, Any]:
+        out = {}
+        for key, value in state.items():
+            k = key
+            for pattern, repl in rules:
+                k, hit = pattern.subn(repl, key)
+                if hit:
+                    break
+            out[k] = value
+        return out
+
+    def to_reference(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        return self._rename(state, self._to_ref)
+
+    def from_reference(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        return self._rename(state, self._from_ref)
+
+
 @attrs.frozen
 class NeuralKind:
-    """A kind whose parts are named by import path; see the module docstring for each field."""
+    """A kind whose parts are named by import path; see the module docstring for each field.
+
+    The checkpoint-format methods here are those of a kind no reference format holds
+    (``speculators_arch`` and ``deepspec_arch`` None); a kind that has reference formats
+    subclasses this and states its fields (the built-in kind folders)."""
 
     name: str
     description: str
@@ -52,13 +108,18 @@ class NeuralKind:
     fixed_num_layers: int | None = None  # a fixed count of draft layers
     has_head: bool = False  # a sequential head and a confidence head are allowed
     anchorless: bool = False  # sample_from_anchor=False is allowed (z-lab DFlash)
-    train_forward: str = "dspark.training.forward:block_forward"
-    train_loss: str = "dspark.training.trainer:block_loss"
+    train_forward: str = ""  # "package.module:function": forward(drafter, batch) → Targets
+    train_loss: str = ""  # "package.module:Class" with terms(cfg, targets) and lambdas(cfg)
     loss_weights: Mapping[str, float] = attrs.field(factory=dict)  # TrainConfig overrides
     speculators_arch: str | None = None  # speculators' architecture name (None: not servable there)
-    reference_keys: bool = True  # tensors renamed to the reference (DeepSpec) layout on export
+    # the speculators config field holding the target layer ids (speculators' hidden_states indices)
+    speculators_layer_ids_field: str = "aux_hidden_state_layer_ids"
+    deepspec_arch: str | None = None  # the DeepSpec architecture suffix this kind reads (``*DSparkModel``)
+    key_map: KeyMap = KeyMap()  # module tensor names ⇄ the reference's (identity: none renamed)
     family: str = ""  # kinds of one family load each other's checkpoints (eagle3 ← eagle3-fused)
+    format_v1_name: str | None = None  # the kind name format_version 1 checkpoints gave this kind
 
+    # -- config rules -------------------------------------------------------------------------
     def validate(self, config: Any) -> None:
         n = len(config.target_layer_ids)
         if self.num_target_layers is not None and n != self.num_target_layers:
@@ -81,6 +142,7 @@ class NeuralKind:
         """How many target layers the drafter reads by default."""
         return self.num_target_layers or min(5, num_target_layers - 1)
 
+    # -- module, graphs, round ----------------------------------------------------------------
     def build(self, config: Any) -> Any:
         return _resolve(self.module)(config)
 
@@ -89,45 +151,60 @@ class NeuralKind:
         return _resolve(self.module)
 
     def drafting_round(self) -> Any:
-        """The drafting round (:mod:`dspark.drafters.loop`) every runner uses for this kind."""
+        """The drafting round (:data:`dspark.drafters.loop.RoundFn`) every runner uses for this kind."""
         return self.module_class.round
 
     def graph_names(self, config: Mapping[str, Any]) -> tuple[str, ...]:
         """The graphs an export of ``config`` (a DrafterConfig dict) holds, before any module is built."""
         return self.module_class.graph_names(config)
 
+    # -- training -----------------------------------------------------------------------------
     def training_recipe(self) -> tuple[Any, Any]:
+        if not (self.train_forward and self.train_loss):
+            raise ValueError(f"drafter kind {self.name!r} names no training forward and loss")
         return _resolve(self.train_forward), _resolve(self.train_loss)
 
     @property
     def family_name(self) -> str:
         return self.family or self.name
 
+    # -- checkpoint formats (dspark.drafters.formats) -------------------------------------------
+    def to_reference_keys(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Module tensor names → the reference's (DeepSpec = speculators)."""
+        return self.key_map.to_reference(state)
 
-BUILTIN_KINDS: tuple[NeuralKind, ...] = (
-    NeuralKind(
-        "dspark", "DSpark: parallel backbone + sequential head + confidence head.",
-        "dspark.drafters.neural:BlockDrafter",
-        defaults={"num_layers": 5, "head": "vanilla-markov", "confidence": True},
-        uses_mask_token=True, has_head=True, speculators_arch="DSparkDraftModel"),
-    NeuralKind(
-        "dflash", "DFlash: the parallel backbone alone.", "dspark.drafters.neural:BlockDrafter",
-        defaults={"num_layers": 5}, uses_mask_token=True, anchorless=True,
-        loss_weights={"lambda_ce": 1.0, "lambda_l1": 0.0, "lambda_conf": 0.0},
-        speculators_arch="DFlashDraftModel"),
-    NeuralKind(
-        "eagle3", "Eagle3 (DeepSpec layout): one autoregressive layer over the fused target features.",
-        "dspark.drafters.eagle3:Eagle3Drafter", defaults={"num_layers": 1}, fixed_num_layers=1,
-        train_forward="dspark.training.forward:eagle3_forward", train_loss="dspark.training.trainer:eagle3_loss",
-        loss_weights={"lambda_ce": 0.0, "lambda_l1": 0.0, "lambda_conf": 0.0, "lambda_soft_ce": 1.0},
-        speculators_arch="Eagle3DraftModel", reference_keys=False, family="eagle3"),
-    NeuralKind(
-        "eagle3-fused", "legacy: dspark's pre-reference Eagle3 layout (format_version 1 checkpoints).",
-        "dspark.drafters.neural:Eagle3FusedDrafter", defaults={"num_layers": 1}, num_target_layers=3,
-        train_forward="dspark.training.forward:eagle3_forward", train_loss="dspark.training.trainer:eagle3_loss",
-        loss_weights={"lambda_ce": 0.0, "lambda_l1": 0.0, "lambda_conf": 0.0, "lambda_soft_ce": 1.0},
-        family="eagle3"),
-)
+    def from_reference_keys(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Reference tensor names (``model.`` prefixes already dropped) → the module's."""
+        return self.key_map.from_reference(state)
+
+    def refusals(self, config: Any, fmt: str) -> list[str]:
+        """Why reference format ``fmt`` ("deepspec" / "speculators") cannot hold a drafter of
+        ``config``, as far as its kind decides (one clause each; [] when it can)."""
+        if self.speculators_arch is None:
+            return [f"it is a {self.name} drafter, a kind no reference format holds (its DrafterKind has no "
+                    "speculators architecture)"]
+        return []
+
+    def speculators_fields(self, config: Any) -> dict[str, Any]:
+        """This kind's fields of a speculators ``config.json``; the shared fields (architecture,
+        verifier, layer config, the layer ids under ``speculators_layer_ids_field``) are the
+        writer's."""
+        raise NotImplementedError(f"drafter kind {self.name!r} has no speculators format")
+
+    def deepspec_fields(self, portable: Any) -> dict[str, Any]:
+        """This kind's fields of a DeepSpec ``config.json`` (its architecture included)."""
+        raise NotImplementedError(f"drafter kind {self.name!r} has no DeepSpec format")
+
+    def from_speculators(self, cfg: dict[str, Any], shape: Any, layer_ids: list[int], target: Any,
+                         where: Any) -> Any:
+        """The DrafterConfig of a speculators config of this kind (``cfg``: the top level with
+        ``transformer_layer_config`` merged under it; ``layer_ids`` 0-based decoder layers)."""
+        raise NotImplementedError(f"drafter kind {self.name!r} has no speculators format")
+
+    def from_deepspec(self, cfg: dict[str, Any], shape: Any, layer_ids: list[int], target: Any,
+                      where: Any) -> Any:
+        """The DrafterConfig of a DeepSpec config whose architecture is this kind's."""
+        raise NotImplementedError(f"drafter kind {self.name!r} has no DeepSpec format")
 
 
 def drafter_kind(name: str) -> NeuralKind:
@@ -153,3 +230,13 @@ def _instances(name: str, factory: Any) -> Any:
 
 def kind_names() -> list[str]:
     return sorted(plugins.registry()["drafter_kinds"])
+
+
+def kind_of_format_v1(name: str) -> str:
+    """The kind a format_version 1 checkpoint's ``kind`` field means today: the kind whose
+    ``format_v1_name`` it is (dspark's pre-reference variants were renamed when the reference
+    forms took their names), else ``name`` itself."""
+    for kind in kind_names():
+        if getattr(drafter_kind(kind), "format_v1_name", None) == name:
+            return kind
+    return name

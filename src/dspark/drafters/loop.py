@@ -22,26 +22,28 @@ L draft layers whose context K/V are cached, H_kv key/value heads, hd head dim, 
   K/V of a causal layer's context position need no past, so context ingestion is packed too; the γ
   steps write their K/V into preallocated slots after the padded context, masked until written.
 
-A drafter kind chooses its round function (:func:`block_round` or :func:`autoregressive_round`).
+A drafter kind chooses its round function (:data:`RoundFn`): DSpark's
+:func:`dspark.drafters.dspark.round.dspark_round`, DFlash's
+:func:`dspark.drafters.dflash.round.block_round`, Eagle3's
+:func:`dspark.drafters.eagle3.round.autoregressive_round`; :mod:`dspark.drafters.draws` holds the
+draws every round makes.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import torch
 
-from dspark.drafters.vocab import DraftVocab, to_slots, to_target_space
+from dspark.drafters.draws import draft_lengths, draft_sample, target_features
+from dspark.drafters.vocab import DraftVocab, to_target_space
 from dspark.protocols.drafter import DraftContext
-from dspark.sampling import probs_for_requests, sample
 from dspark.types import DraftBlock
 
-__all__ = ["GraphRunner", "TorchRunner", "LoopSpec", "KVStore", "DraftingLoop", "block_round",
-           "autoregressive_round", "backbone", "target_features", "draft_sample", "draft_lengths"]
+__all__ = ["GraphRunner", "TorchRunner", "LoopSpec", "KVStore", "DraftingLoop", "RoundFn"]
 
 log = logging.getLogger(__name__)
 
@@ -184,98 +186,8 @@ class KVStore:
         self.length = need
 
 
-def target_features(
-    context: DraftContext, drafter: str, layer_ids: tuple[int, ...], hidden_size: int
-) -> list[torch.Tensor]:
-    """The new target features of each request, checked: R × [n_new, m·d]."""
-    feats = context.features.get("hidden")
-    R = len(context.request_ids)
-    if feats is None or len(feats) != R:
-        raise ValueError(
-            f"{drafter} drafter needs features['hidden']: one [n_new, m·d] tensor per request "
-            f"(target hidden states at layers {list(layer_ids)})"
-        )
-    want = len(layer_ids) * hidden_size
-    for rid, f in zip(context.request_ids, feats):
-        if f.ndim != 2 or f.shape[1] != want:
-            raise ValueError(
-                f"request {rid!r}: features must be [n_new, {want}] (m={len(layer_ids)} "
-                f"layers × hidden {hidden_size}), got {tuple(f.shape)}"
-            )
-    return feats
-
-
-def feature_starts(context: DraftContext) -> list[int | None]:
-    """``features["hidden_start"]``: the absolute position of each request's first new feature row
-    (None or absent: right after what the drafter holds). A start beyond the drafter's context
-    restarts it there (:meth:`DraftingLoop.cache_for`)."""
-    starts = context.features.get("hidden_start")
-    if starts is None:
-        return [None] * len(context.request_ids)
-    if len(starts) != len(context.request_ids):
-        raise ValueError(f"features['hidden_start'] holds {len(starts)} positions for "
-                         f"{len(context.request_ids)} requests")
-    return [None if s is None else int(s) for s in starts]
-
-
-def draft_sample(logits: torch.Tensor, context: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [R, V] → (q [R, V], tokens [R]) under each request's sampling params.
-
-    q is the distribution each token was drawn from (what verification needs). An all-greedy batch
-    takes the argmax with a one-hot q, skipping the softmax and the V exponential draws per row.
-    """
-    if all(p.is_greedy for p in context.sampling):
-        tokens = logits.float().argmax(-1)  # [R]
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, tokens[:, None], 1.0), tokens
-    q = probs_for_requests(logits, context.sampling)  # [R, V]
-    return q, sample(q, context.generators)
-
-
-def draft_lengths(context: DraftContext, R: int, gamma: int) -> torch.Tensor:
-    """Valid draft lengths [R]: γ, cut to the room the engine left each request."""
-    valid = torch.full((R,), gamma, dtype=torch.long)
-    if context.max_lengths is not None:
-        valid = torch.minimum(valid, context.max_lengths.long().clamp_min(0))
-    return valid  # [R]
-
-
+#: one round of drafting: (loop, context, each request's new target features [n_new, m·d]) → the block
 RoundFn = Callable[["DraftingLoop", DraftContext, list[torch.Tensor]], DraftBlock]
-
-
-class _Draws:
-    """The γ draws of one round. An all-greedy batch takes each argmax where the logits are (the
-    runner's device) and brings the round's logits to the CPU once, at the end; a sampled batch
-    draws on the CPU step by step, with the requests' own generators."""
-
-    def __init__(self, loop: DraftingLoop, context: DraftContext) -> None:
-        self.loop, self.context = loop, context
-        self.greedy = all(p.is_greedy for p in context.sampling)
-        self.slots: list[torch.Tensor] = []
-        self.tokens: list[torch.Tensor] = []
-        self.qs: list[torch.Tensor] = []
-        self.logits: list[torch.Tensor] = []
-
-    def draw(self, U_j: torch.Tensor) -> torch.Tensor:
-        """Draft-space logits [R, V_d] → the drawn slots [R] (the next step's input)."""
-        if self.greedy:
-            slot = U_j.float().argmax(-1)  # [R] on the runner's device
-            self.slots.append(slot)
-            self.logits.append(U_j)
-            return slot
-        slot, x, q, U = self.loop.sample(U_j, self.context)
-        self.tokens.append(x)
-        self.qs.append(q)
-        self.logits.append(U)
-        return slot
-
-    def finish(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens [R, γ], q [R, γ, V], logits [R, γ, V]) in target space, on the CPU."""
-        if not self.greedy:
-            return torch.stack(self.tokens, 1), torch.stack(self.qs, 1), torch.stack(self.logits, 1)
-        U = torch.stack(self.logits, 1).float().cpu()  # [R, γ, V_d] one transfer per round
-        slots = torch.stack(self.slots, 1).cpu()  # [R, γ]
-        q = torch.zeros_like(U).scatter_(-1, slots[..., None], 1.0)  # one-hot: what was "sampled"
-        return to_target_space(self.loop.spec.vocab_map, slots, q, U)
 
 
 class DraftingLoop:
@@ -289,6 +201,10 @@ class DraftingLoop:
         self.pending: dict[str, torch.Tensor | None] = {}  # Eagle3: fused feature of the last context position
         self.timings: dict[str, float] = {}  # seconds per part of the last round
         self._scratch: list[torch.Tensor] = []  # flat K and V buffers that gather() reuses
+        #: opt-in "survival floor" variant of a head with a confidence head: a request's draft ends at
+        #: the first position whose survival Π σ(confidence logit) falls below it (valid lengths cut
+        #: there), and the head stops stepping once every request's has (dspark.drafters.dspark.round)
+        self.survival_floor: float | None = None
 
     @property
     def device(self) -> torch.device:
@@ -408,161 +324,3 @@ class DraftingLoop:
             for k in outputs:
                 parts[k].append(out[k])
         return {k: torch.cat(v, dim=outputs[k]) if len(v) > 1 else v[0] for k, v in parts.items()}
-
-
-def block_round(loop: DraftingLoop, context: DraftContext, feats: list[torch.Tensor]) -> DraftBlock:
-    """DSpark / DFlash: ingest new context, one parallel backbone call, γ sequential-head steps.
-
-    x̂_j ~ softmax(Ũ_j) with Ũ_j = U_j + b(x̂_{j−1}, h_j) (DSpark; U_j alone for DFlash), and the
-    confidence logit of step j read from (h_j, x̂_{j−1}).
-    """
-    s = loop.spec
-    R = len(context.request_ids)
-    loop.check_limit("backbone", "batch", R)
-    caches, chunks, positions, owners = [], [], [], []
-    for rid, f, start in zip(context.request_ids, feats, feature_starts(context)):
-        cache = loop.cache_for(rid, start)
-        caches.append(cache)
-        if f.shape[0]:
-            chunks.append(f)
-            positions.append(torch.arange(cache.end, cache.end + f.shape[0]))
-            owners.append((cache, f.shape[0]))
-    t0 = time.perf_counter()
-    if chunks:
-        out = loop.run_packed(
-            "context", {"features": torch.cat(chunks), "positions": torch.cat(positions)},
-            {"features": 0, "positions": 0}, {"ctx_k": 2, "ctx_v": 2})
-        k, v, off = out["ctx_k"], out["ctx_v"], 0  # [L, H_kv, N, hd]
-        for cache, n in owners:
-            cache.append(k[:, :, off : off + n], v[:, :, off : off + n])
-            off += n
-    t_ingest = time.perf_counter() - t0
-    for rid, ids, cache in zip(context.request_ids, context.token_ids, caches):
-        loop.check_anchor(rid, cache, ids, lag=1)
-    anchors = torch.stack([ids[-1] for ids in context.token_ids]).long()  # [R]
-    t0 = time.perf_counter()
-    h, U = backbone(loop, anchors, torch.tensor([ids.numel() - 1 for ids in context.token_ids]), caches)
-    t_head = 0.0
-    draws, conf = _Draws(loop, context), []
-    prev = to_slots(s.vocab_map, anchors)  # x̂_0 = the anchor, as a draft slot
-    state = torch.zeros(R, s.rank, device=loop.device, dtype=h.dtype) if s.stateful_head else None
-    for j in range(s.gamma):
-        U_j = U[:, j].float()  # [R, V_d]
-        if s.head is not None:
-            t1 = time.perf_counter()
-            inputs = {"prev_ids": prev.to(loop.device), "h_j": h[:, j].contiguous(), "base_logits_j": U_j.contiguous()}
-            if state is not None:
-                inputs["state"] = state
-            step = loop.runner.run("head", inputs)
-            U_j = step["logits"]
-            if s.confidence:
-                conf.append(step["confidence_logit"])  # [R], brought to the CPU with the round
-            if state is not None:
-                state = step["state_out"]
-            t_head += time.perf_counter() - t1
-        prev = draws.draw(U_j)
-    tokens, q, logits = draws.finish()  # [R, γ], [R, γ, V], [R, γ, V]
-    loop.timings = {"draft": time.perf_counter() - t0, "sequential_head": t_head, "ingest": t_ingest}
-    return DraftBlock(
-        tokens=tokens, q=q, valid_lengths=loop.valid(context, R),
-        confidence_logits=torch.stack(conf, 1).float().cpu() if conf else None,  # [R, γ]
-        draft_logits=logits,
-        hidden=h.cpu() if s.returns_hidden else None,  # [R, γ, d]
-    )
-
-
-def backbone(loop: DraftingLoop, anchors: torch.Tensor, anchor_pos: torch.Tensor,
-             caches: list[KVStore]) -> tuple[torch.Tensor, torch.Tensor]:
-    """anchors [R], anchor_pos [R] over the cached contexts → h [R, γ, d], base logits U [R, γ, V_d]."""
-    s = loop.spec
-    skip = 0 if s.sample_from_anchor else 1  # z-lab DFlash: the anchor row predicts nothing
-    ctx_k, ctx_v, mask = loop.gather(caches)
-    loop.check_limit("backbone", "past", mask.shape[1])
-    out = loop.runner.run("backbone", {
-        "anchor_ids": anchors, "positions": anchor_pos[:, None] + torch.arange(s.gamma + skip)[None],
-        "ctx_k": ctx_k, "ctx_v": ctx_v, "ctx_mask": mask})
-    return out["h"][:, skip:], out["base_logits"][:, skip:]  # [R, γ, d], [R, γ, V_d]
-
-
-def autoregressive_round(loop: DraftingLoop, context: DraftContext, feats: list[torch.Tensor]) -> DraftBlock:
-    """Eagle3: fuse and cache new context positions, then γ causal steps of one layer.
-
-    The layer at position t reads (x_{t+1}, h_t): h_t the fused feature f_t of a context position
-    or the previous step's output; the last context feature (t = a − 1, paired with the anchor) is
-    the first drafting step, so it stays pending until the round that drafts from it.
-    """
-    s = loop.spec
-    R, d = len(context.request_ids), s.hidden_size
-    loop.check_limit("step", "batch", R)
-    t0 = time.perf_counter()
-    sizes = [f.shape[0] for f in feats]
-    fused_all = None
-    if sum(sizes):
-        fused_all = loop.run_packed("fuse", {"features": torch.cat(feats)}, {"features": 0}, {"fused": 0})["fused"]
-    caches, last_feat, off = [], [], 0
-    toks, ready, positions, owners = [], [], [], []
-    for rid, ids, n, start in zip(context.request_ids, context.token_ids, sizes, feature_starts(context)):
-        cache = loop.cache_for(rid, start)
-        caches.append(cache)
-        fused = fused_all[off : off + n] if n else None
-        off += n
-        pending = loop.pending.get(rid)
-        if pending is not None:
-            fused = pending if fused is None else torch.cat([pending, fused])
-        if fused is None or fused.shape[0] == 0:
-            # A one-token prompt has no target feature yet: draft from a zero feature once, and do
-            # not cache it (position −1 does not exist).
-            last_feat.append(None)
-            loop.pending[rid] = None
-            owners.append((rid, ids, cache, 0, None))
-            continue
-        # Positions t with both f_t and x_{t+1} committed go into the cache.
-        n_ready = fused.shape[0] - 1
-        if n_ready > 0:
-            at = cache.end
-            toks.append(ids[at + 1 : at + 1 + n_ready].long())
-            ready.append(fused[:n_ready])
-            positions.append(torch.arange(at, at + n_ready))
-        loop.pending[rid] = fused[-1:]
-        last_feat.append(fused[-1])
-        owners.append((rid, ids, cache, n_ready, fused))
-    if toks:
-        out = loop.run_packed(
-            "context", {"token_ids": torch.cat(toks), "feats": torch.cat(ready), "positions": torch.cat(positions)},
-            {"token_ids": 0, "feats": 0, "positions": 0}, {"ctx_k": 2, "ctx_v": 2})
-        k, v, off = out["ctx_k"], out["ctx_v"], 0  # [1, H_kv, N, hd]
-        for _rid, _ids, cache, n_ready, _f in owners:
-            if n_ready:
-                cache.append(k[:, :, off : off + n_ready], v[:, :, off : off + n_ready])
-                off += n_ready
-    for rid, ids, cache, _n, fused in owners:
-        if fused is not None:
-            loop.check_anchor(rid, cache, ids, lag=2)
-    t_ingest = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    zero = torch.zeros(d, device=loop.device, dtype=loop.dtype)
-    feat = torch.stack([zero if f is None else f for f in last_feat])  # [R, d]
-    P0 = max(c.length for c in caches)
-    k_ctx, v_ctx, mask = loop.gather(caches, extra=s.gamma)  # [1, R, H_kv, P0 + γ, hd]
-    loop.check_limit("step", "past", mask.shape[1])
-    tok = torch.stack([ids[-1] for ids in context.token_ids]).long()  # [R] x_{t+1} = anchor
-    pos = torch.tensor([ids.numel() - 2 for ids in context.token_ids])  # [R] t = a − 1
-    draws, hidden = _Draws(loop, context), []
-    for j in range(s.gamma):
-        out = loop.runner.run("step", {
-            "token_ids": tok[:, None].to(loop.device), "feats": feat[:, None].contiguous(), "positions": pos[:, None],
-            "ctx_k": k_ctx, "ctx_v": v_ctx, "ctx_mask": mask})
-        at = P0 + j  # the step's K/V slot after the padded context
-        k_ctx[:, :, :, at] = out["k_new"][:, :, :, 0]
-        v_ctx[:, :, :, at] = out["v_new"][:, :, :, 0]
-        mask[:, at] = True
-        slot = draws.draw(out["logits"][:, 0])  # [R] draft slot of x̂_j
-        hidden.append(out["out"][:, 0])
-        nxt = slot if s.vocab_map is None else s.vocab_map.to_target(slot)  # the layer reads target ids
-        tok, feat, pos = nxt, out["out"][:, 0], pos + 1
-    tokens, q, logits = draws.finish()
-    loop.timings = {"draft": time.perf_counter() - t0, "sequential_head": 0.0, "ingest": t_ingest}
-    return DraftBlock(
-        tokens=tokens, q=q, valid_lengths=loop.valid(context, R), draft_logits=logits,
-        hidden=torch.stack(hidden, 1).cpu() if s.returns_hidden else None,  # [R, γ, d] pre-norm outputs
-    )

@@ -43,6 +43,7 @@ class NGramDrafter:
     name = "ngram"
     target_layer_ids: ClassVar[tuple[int, ...]] = ()  # reads no target features
     timings: ClassVar[dict[str, float]] = {}  # nothing worth timing apart
+    confidence_model: ClassVar[None] = None  # no confidence model of its own: the engine's default applies
     vocab_size: int = field(validator=[validators.instance_of(int), validators.gt(0)])
     gamma: int = field(default=7, validator=[validators.instance_of(int), validators.gt(0), validators.le(MAX_GAMMA)])
     min_ngram: int = field(default=1, validator=validators.gt(0))

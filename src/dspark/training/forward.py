@@ -1,26 +1,14 @@
-"""Teacher-forced training forwards of the neural drafters, over padded batches of sequences.
+"""What the kinds' teacher-forced training forwards share: the padded batch, the targets the
+losses read, and the teacher distribution at chosen positions.
 
 Terms: S sequences of (padded) length n, each with features f_t [m·d] and a teacher at every
 position t — the target's final-normed last hidden state z_t [d] (full-vocabulary teacher
 p_t = softmax(W_lm z_t), computed in the step with the target's LM head) or a top-k summary;
 N anchors per sequence; γ block size; V_d the drafter's vocabulary; k the teacher top-k.
 
-Block drafters (DSpark, DFlash): every anchor a of a sequence gives one block [x_a, MASK × (γ−1)]
-at positions a..a+γ−1 that attends to the injected context (positions < a) and bidirectionally to
-itself; the N blocks of a sequence run in one attention call with a block-diagonal mask, sharing
-the sequence's context K/V. Block position j predicts x_{a+j+1}, whose teacher is p at a+j. The
-sequential head reads the true previous token x_{a+j} (teacher forcing), so all positions run in
-one tensor op.
-
-Eagle3 (training-time test), both layouts (reference ``eagle3``: q/k/v read
-[norm(emb(x_{t+1})) ; norm(h_t)] with h_t = fc(f_t); ``eagle3-fused``: W_in[emb(x_{t+1}); f_t]): step 0
-runs the layer causally over the sequence with (x_{t+1}, f_t); step k ≥ 1 feeds (x_{t+k+1}, out_{k−1,t})
-at position t+k and
-attends to step-0 keys at positions ≤ t plus its own chain's keys of steps 1..k — exactly what
-inference sees when the anchor is x_{t+1}. Step k at t predicts x_{t+k+2}. Chains start at the
-same sampled anchors as the block drafters' blocks (t = a − 1), so every drafter kind is trained on
-the same positions.
-"""
+The forwards are each kind's (named by its DrafterKind's training recipe):
+:func:`dspark.drafters.dflash.training.block_forward` (DFlash, DSpark) and
+:func:`dspark.drafters.eagle3.training.eagle3_forward` (both Eagle3 layouts)."""
 
 from __future__ import annotations
 
@@ -29,9 +17,7 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from dspark.training.losses import eval_mask
-
-__all__ = ["Batch", "Targets", "teacher_at", "block_forward", "eagle3_forward"]
+__all__ = ["Batch", "Targets", "teacher_at", "per_row", "draft_slots"]
 
 
 @frozen
@@ -78,6 +64,10 @@ class Targets:
     den: torch.Tensor | None = None  # scalar normaliser of this micro-batch (None: Σ weight)
     hidden: torch.Tensor | None = None  # [B, γ, d] block drafters: backbone output after the final norm
     logits: torch.Tensor | None = None  # [B, γ, V_d] the logits logq was normalised from (Ũ)
+
+    def teacher(self) -> dict[str, torch.Tensor | None]:
+        """The teacher tensors as the losses take them (``p``, ``p_out``, ``p_slots``, ``p_top``)."""
+        return dict(p=self.p, p_out=self.p_out, p_slots=self.p_slots, p_top=self.p_top)
 
 
 _TEACHER_ROWS = 1024  # distinct positions per teacher matmul: [rows, V] fp32 ≈ 200 MB at V = 49152
@@ -148,110 +138,17 @@ def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Ten
         raise ValueError("the batch has no teacher (neither last_hidden nor top_ids / top_logp)")
     k = batch.top_ids.shape[-1]
     idx = pos[..., None].expand(S, M, k)
-    return _slots(drafter, batch.top_ids.gather(1, idx)), batch.top_logp.gather(1, idx).float().exp(), None, None
+    return draft_slots(drafter, batch.top_ids.gather(1, idx)), batch.top_logp.gather(1, idx).float().exp(), None, None
 
 
-def _rows(tensors: tuple[torch.Tensor | None, ...], B: int, g: int) -> tuple[torch.Tensor | None, ...]:
+def per_row(tensors: tuple[torch.Tensor | None, ...], B: int, g: int) -> tuple[torch.Tensor | None, ...]:
     """Teacher tensors [S, N·γ, ...] → [B = S·N, γ, ...] (None stays None)."""
     return tuple(None if t is None else t.reshape(B, g, *t.shape[2:]) for t in tensors)
 
 
-def _slots(drafter: Any, tokens: torch.Tensor) -> torch.Tensor:
+def draft_slots(drafter: Any, tokens: torch.Tensor) -> torch.Tensor:
     """Target ids → draft slots, −1 where the draft vocabulary has no slot."""
     s = drafter.to_draft(tokens)
     if drafter.vocab_map is not None:
         s = torch.where(s == drafter.draft_size - 1, torch.full_like(s, -1), s)
     return s
-
-
-def block_forward(drafter: Any, batch: Batch) -> Targets:
-    """DSpark / DFlash: [S sequences × N anchors] blocks → Targets with B = S·N."""
-    S, n = batch.ids.shape
-    N, g = batch.anchors.shape[1], drafter.gamma
-    d = drafter.config.layer.hidden_size
-    a = batch.anchors  # [S, N]
-    has = a >= 0
-    a0 = a.clamp_min(0)
-    ctx = drafter.fuse_norm(drafter.fuse(batch.feats.to(drafter.fuse.weight.dtype)))  # [S, n, d]
-    pos_ctx = torch.arange(n)[None].expand(S, n)  # [S, n]
-    offs = torch.arange(g)  # [γ]
-    blk_pos = (a0[..., None] + offs).reshape(S, N * g)  # [S, N·γ]
-    x0 = drafter.embed(batch.ids.gather(1, a0))  # [S, N, d]
-    x = torch.cat([x0[:, :, None], drafter.mask_vector().expand(S, N, g - 1, d)], dim=2).reshape(S, N * g, d)
-    ctx_ok = (torch.arange(n)[None, None] < a[..., None]) & (torch.arange(n)[None, None] < batch.lengths[:, None, None])
-    ctx_ok = ctx_ok[:, :, None].expand(S, N, g, n).reshape(S, N * g, n)  # [S, N·γ, n]
-    same_block = torch.block_diag(*[torch.ones(g, g, dtype=torch.bool)] * N)  # [N·γ, N·γ]
-    mask = torch.cat([ctx_ok, same_block.expand(S, -1, -1)], dim=-1)  # [S, N·γ, n + N·γ]
-    for layer in drafter.layers:
-        k, v = layer.context_kv(ctx, pos_ctx)  # [S, H_kv, n, hd]
-        x = layer(x, blk_pos, k, v, None, attn_mask=mask)
-    h = drafter.norm(x).reshape(S * N, g, d)  # [B, γ, d]
-    U = drafter.logits(h).float()  # [B, γ, V_d]
-    idx = (a0[..., None] + offs).clamp(max=n - 1)  # [S, N, γ] position a+j (teacher, prev token)
-    nxt = (a0[..., None] + offs + 1).clamp(max=n - 1)  # [S, N, γ] label position a+j+1
-    prev = drafter.to_draft(batch.ids.gather(1, idx.reshape(S, -1))).reshape(S * N, g)  # [B, γ] x̂_{j−1} slots
-    conf = None
-    if drafter.head is not None:
-        U = drafter.head(prev, h, U)  # Ũ [B, γ, V_d]
-        if drafter.confidence_head is not None:
-            conf = drafter.confidence_head(h, drafter.head.prev_embedding(prev))  # [B, γ]
-    label = _slots(drafter, batch.ids.gather(1, nxt.reshape(S, -1))).reshape(S * N, g)
-    # supervised while the label a+j+1 is inside the sequence and in the loss mask (cumulative)
-    valid = eval_mask(a0[..., None] + offs + 1, batch.mask(), has)  # [S, N, γ]
-    # teacher at a+j: p_{a+j} is the target's distribution of x_{a+j+1}; like the reference, a label
-    # index clamped to n−1 reads the teacher at n−2 (such slots are masked anyway)
-    p_slots, p_top, p, p_out = teacher_at(drafter, batch, (nxt - 1).reshape(S, N * g))
-
-    p_slots, p_top, p, p_out = _rows((p_slots, p_top, p, p_out), S * N, g)
-    return Targets(torch.log_softmax(U, dim=-1), label, p_slots, p_top, valid.reshape(S * N, g), conf,
-                   p=p, p_out=p_out, hidden=h, logits=U)
-
-
-def eagle3_forward(drafter: Any, batch: Batch) -> Targets:
-    """Eagle3 unrolled γ steps for the chains that start at the batch's anchors: B = S·N chains.
-
-    The chain anchored at x_a starts at t = a − 1. Step 0 runs causally over the whole sequence
-    (every position's K/V is context for later chains); steps ≥ 1 run for the N chains only, each
-    attending to step-0 keys at positions ≤ t and to its own keys of the earlier steps.
-    """
-    S, n = batch.ids.shape
-    N, g, s = batch.anchors.shape[1], drafter.gamma, drafter.config.layer
-    T = n - 1  # step-0 positions t = 0..n−2 (input x_{t+1}, feature f_t)
-    t_all = torch.arange(T)
-    f = drafter._fuse(batch.feats[:, :T])  # [S, T, d]
-    empty_k = f.new_zeros(S, s.num_kv_heads, 0, s.head_dim)
-    causal = (t_all[None, :] <= t_all[:, None]).expand(S, T, T)  # [S, T, T]
-    out0, k0, v0 = drafter._run(batch.ids[:, 1:], f, t_all[None].expand(S, T), empty_k, empty_k, None, attn_mask=causal)
-    t = batch.anchors - 1  # [S, N] chain start
-    has = t >= 0
-    t0 = t.clamp(0, T - 1)
-    pick = t0[..., None].expand(S, N, out0.shape[-1])
-    out = out0.gather(1, pick)  # [S, N, d] step-0 output of each chain
-    ctx_seen = t_all[None, None, :] <= t0[..., None]  # [S, N, T] step-0 keys a chain may see
-    eye = torch.eye(N, dtype=torch.bool).expand(S, N, N)
-    keys, values = [k0], [v0]
-    logqs, labels, tea_pos_all, valids = [], [], [], []
-    for step in range(g):
-        if step > 0:
-            nxt_tok = batch.ids.gather(1, (t0 + step + 1).clamp(max=n - 1))  # x_{t+step+1} (teacher forcing)
-            mask = torch.cat([ctx_seen] + [eye] * step, dim=-1)  # [S, N, T + step·N]
-            out, k, v = drafter._run(nxt_tok, out, t0 + step, torch.cat(keys, 2), torch.cat(values, 2), None,
-                                     attn_mask=mask)
-            keys.append(k)
-            values.append(v)
-        h = drafter.norm(out)  # [S, N, d]
-        logqs.append(torch.log_softmax(drafter.logits(h).float(), dim=-1))  # [S, N, V_d]
-        lab_pos = (t0 + step + 2).clamp(max=n - 1)  # x_{t+step+2}
-        tea_pos = (t0 + step + 1).clamp(max=n - 1)  # p at t+step+1
-        labels.append(batch.ids.gather(1, lab_pos))
-        tea_pos_all.append(tea_pos)
-        valids.append(has & (t0 + step + 2 < batch.lengths[:, None]))
-    V = logqs[0].shape[-1]
-    logq = torch.stack(logqs, 2).reshape(S * N, g, V)
-    label = _slots(drafter, torch.stack(labels, 2).reshape(S * N, g))
-    valid = torch.stack(valids, 2).reshape(S * N, g)
-    # the teacher (full vocabulary or top-k) at t+step+1 for every chain and step: [S, N·γ]
-    p_slots, p_top, p, p_out = teacher_at(drafter, batch, torch.stack(tea_pos_all, 2).reshape(S, N * g))
-
-    p_slots, p_top, p, p_out = _rows((p_slots, p_top, p, p_out), S * N, g)
-    return Targets(logq, label, p_slots, p_top, valid, None, p=p, p_out=p_out)

@@ -42,7 +42,7 @@ def _copy_layer(dst: Any, src: Any) -> None:
 
 
 def _copy_eagle3_layer(dst: Any, src: Any) -> None:
-    """A target layer into a reference Eagle3 layer (:class:`dspark.drafters.eagle3.Eagle3Layer`).
+    """A target layer into a reference Eagle3 layer (:class:`dspark.drafters.eagle3.model.Eagle3Layer`).
 
     Its q/k/v read [input_layernorm(emb) ; hidden_norm(h)] (2d wide): the target's q/k/v weights go
     on the hidden half and zeros on the embedding half, and both norms start as the target's

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from attrs import field, frozen
+from attrs import frozen
 
 from dspark.options import (
+    TARGET_HELP,
     NamespaceOptions,
     at_least,
-    one_of,
+    option,
     optional_ints,
     optional_path,
     path,
@@ -49,37 +50,51 @@ def _layer_ids(_inst: Any, a: Any, v: tuple[int, ...] | None) -> None:
 
 @frozen
 class TrainOptions(NamespaceOptions):
-    """What ``dspark train`` trains (defaults: the command line's; docs/cli.md explains each).
-    ``data`` (a ``dspark data`` folder) and ``out`` (the run folder) have no default."""
+    """What ``dspark train`` trains: each field is an option of the command
+    (:func:`dspark.options.option`). ``data`` (a ``dspark data`` folder) and ``out`` (the run
+    folder) have no default."""
 
-    data: str = field(converter=path)
-    out: str = field(converter=path)
-    kind: str = "dspark"
-    head: str = field(default="gated-markov", validator=one_of("vanilla-markov", "gated-markov", "rnn"))
-    rank: int = field(default=256, validator=at_least(1))
-    num_layers: int = field(default=1, validator=at_least(1))
-    gamma: int = field(default=7, validator=_gamma)
-    draft_vocab: int = field(default=0, validator=at_least(0))
-    layer_ids: tuple[int, ...] | None = field(default=None, converter=optional_ints, validator=_layer_ids)
-    init: str = field(default="target", validator=one_of("target", "random"))
-    init_from: str | None = field(default=None, converter=optional_path)
-    steps: int = field(default=1000, validator=at_least(1))
-    seqs_per_step: int = field(default=8, validator=at_least(1))
-    anchors: int = field(default=32, validator=at_least(1))
-    grad_accum: int = field(default=1, validator=at_least(1))
-    lr: float = field(default=6e-4, validator=at_least(0, integer=False, strict=True))
-    dtype: str = field(default="float32", validator=one_of(*FLOAT_DTYPES))
-    features: str = field(default="cache", validator=one_of("cache", "online"))
-    feature_cache: str | None = field(default=None, converter=optional_path)
-    teacher_dtype: str = field(default="float32", validator=one_of(*FLOAT_DTYPES))
-    teacher: str = field(default="full", validator=one_of("full", "topk"))
-    top_k: int = field(default=32, validator=at_least(1))
-    max_seq_len: int = field(default=512, validator=at_least(0))  # 0: no limit
-    checkpoint_every: int = field(default=50, validator=at_least(1))
-    save_dtype: str = field(default="int8", validator=one_of("float32", "float16", "bfloat16", "int8"))
-    model: str = field(default="smollm2-135m", converter=path)
-    seed: int = 0
-    quiet: bool = False
+    data: str = option(converter=path, help="a `dspark data` folder (train.jsonl)")
+    out: str = option(converter=path, help="run folder: state.pt, log.jsonl, curve.png, checkpoint/")
+    kind: str = option("dspark", help="drafter kind: dspark, dflash, eagle3, eagle3-fused, or one a plugin registers")
+    head: str = option("gated-markov", choices=("vanilla-markov", "gated-markov", "rnn"),
+                       help="the sequential head that conditions each draft position on the previous ones")
+    rank: int = option(256, validator=at_least(1), help="sequential head rank r")
+    num_layers: int = option(1, validator=at_least(1), help="draft layers (Eagle3: always 1)")
+    gamma: int = option(7, validator=_gamma, help="block size γ")
+    draft_vocab: int = option(0, validator=at_least(0), help="reduced draft vocabulary size (0: the target's)")
+    layer_ids: tuple[int, ...] | None = option(None, converter=optional_ints, validator=_layer_ids,
+                                               help="comma-separated target layer ids (default: evenly spread)")
+    init: str = option("target", choices=("target", "random"),
+                       help="copy the target's top layers into the draft layers, or random init")
+    init_from: str | None = option(None, converter=optional_path, metavar="CHECKPOINT",
+                                   help="start from a trained drafter (dspark, DeepSpec, speculators or z-lab DFlash "
+                                   "checkpoint folder) with a fresh optimizer: its config replaces --kind/--head/--rank/"
+                                   "--num-layers/--gamma/--draft-vocab/--layer-ids/--init")
+    steps: int = option(1000, validator=at_least(1), help="optimizer steps")
+    seqs_per_step: int = option(8, validator=at_least(1), help="global batch (sequences) per step")
+    anchors: int = option(32, validator=at_least(1), help="anchor blocks per sequence")
+    grad_accum: int = option(1, validator=at_least(1), help="micro-batches accumulated per step")
+    lr: float = option(6e-4, validator=at_least(0, integer=False, strict=True), help="peak learning rate")
+    dtype: str = option("float32", choices=FLOAT_DTYPES, help="autocast dtype")
+    features: str = option("cache", choices=("cache", "online"),
+                           help="teacher features from an on-disk cache (built on first use) or online")
+    feature_cache: str | None = option(None, converter=optional_path,
+                                       help="cache folder (default DATA/features-full, or DATA/features for --teacher topk)")
+    teacher_dtype: str = option("float32", choices=FLOAT_DTYPES,
+                                help="precision of the target's forward that builds the feature cache")
+    teacher: str = option("full", choices=("full", "topk"),
+                          help="full: the target's full-vocabulary distribution (the reference; the step applies the "
+                          "LM head to the cached final hidden state); topk: only its --top-k most likely tokens "
+                          "(L1 / acceptance rate biased)")
+    top_k: int = option(32, validator=at_least(1), help="k of the top-k teacher (--teacher topk)")
+    max_seq_len: int = option(512, validator=at_least(0), help="longest training sequence in tokens (0: no limit)")
+    checkpoint_every: int = option(50, validator=at_least(1), help="steps between saves of OUT/state.pt")
+    save_dtype: str = option("int8", choices=("float32", "float16", "bfloat16", "int8"),
+                             help="dtype of the saved checkpoint's weights")
+    model: str = option("smollm2-135m", converter=path, flag="--target", help=TARGET_HELP)
+    seed: int = option(0, help="random seed")
+    quiet: bool = False  # the global -q
 
 
 @frozen

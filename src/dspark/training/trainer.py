@@ -1,9 +1,10 @@
 """The training loop: deterministic batches, AdamW + warmup/cosine, resume, data parallelism.
 
 Every random choice is a function of (seed, step, global sample index): which sequences form the
-global batch of a step, and which anchors each sequence gets. So a run killed and resumed from its
-last checkpoint replays exactly the same batches, and R data-parallel ranks (``torchrun``, gloo on
-CPU) that each take 1/R of every global batch compute the same gradients as one process.
+global batch of a step, and which anchors each sequence gets (:mod:`dspark.training.batches`). So
+a run killed and resumed from its last checkpoint replays exactly the same batches, and R
+data-parallel ranks (``torchrun``, gloo on CPU) that each take 1/R of every global batch compute the same gradients as one process. The
+forward and the loss are the drafter kind's (its ``DrafterKind.training_recipe()``).
 
 Loss normalisation is the reference's (DeepSpec): each loss term is num / (den + 1e-6) with
 num = Σ w·ℓ and den = Σ w summed over every supervised token of the global batch
@@ -16,12 +17,10 @@ micro-steps — the result does not depend on how the global batch is split.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import signal
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,15 +29,9 @@ import attrs
 import torch
 from attrs import field, frozen, validators
 
+from dspark.training.batches import build_batch, global_batch
 from dspark.training.forward import Batch
-from dspark.training.losses import (
-    DEN_EPS,
-    analytic_tau,
-    block_terms,
-    eagle3_loss_weights,
-    eagle3_terms,
-    loss_weights,
-)
+from dspark.training.losses import DEN_EPS, analytic_tau
 
 __all__ = ["TrainConfig", "TrainData", "Trainer", "lr_at"]
 
@@ -140,79 +133,6 @@ class TrainData:
 
         return teacher_forward(self.model, [self.sequences[i] for i in idx], layer_ids, self.top_k,
                                teacher=self.teacher)
-
-
-@functools.lru_cache(maxsize=4)
-def _step_order(seed: int, epoch: int, n: int) -> torch.Tensor:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + epoch))
-
-
-def global_batch(cfg: TrainConfig, step: int, n: int) -> list[int]:
-    """Sequence indices of the global batch at ``step`` (epochs are seeded permutations)."""
-    G = cfg.seqs_per_step
-    out = []
-    for j in range(step * G, (step + 1) * G):
-        epoch, k = divmod(j, n)
-        out.append(int(_step_order(cfg.seed, epoch, n)[k]))
-    return out
-
-
-def anchor_candidates(length: int, prompt_len: int, loss_mask: Sequence[float] | None = None) -> list[int]:
-    """Positions a the reference may anchor a block at: loss_mask[a] = loss_mask[a+1] = 1,
-    a ≤ length − 2 (the anchor and the first label inside the supervised response). The default
-    loss mask is the response, positions prompt_len … length − 1: candidates prompt_len … length − 2."""
-    if loss_mask is None:
-        return list(range(prompt_len, length - 1))
-    return [a for a in range(min(length, len(loss_mask)) - 1) if loss_mask[a] > 0.5 and loss_mask[a + 1] > 0.5]
-
-
-def sample_anchors(cfg: TrainConfig, step: int, slot: int, length: int, prompt_len: int,
-                   loss_mask: Sequence[float] | None = None) -> list[int]:
-    """Up to N distinct anchors among :func:`anchor_candidates`, drawn without replacement and
-    sorted; deterministic in (seed, step, global batch slot)."""
-    cand = anchor_candidates(length, prompt_len, loss_mask)
-    if not cand:
-        return []
-    g = torch.Generator().manual_seed(zlib.crc32(f"{cfg.seed}/{step}/{slot}".encode()))
-    pick = torch.randperm(len(cand), generator=g)[: cfg.anchors_per_seq]
-    return sorted(cand[i] for i in pick.tolist())
-
-
-
-def _teacher(t: Any) -> dict[str, Any]:
-    return dict(p=t.p, p_out=t.p_out, p_slots=t.p_slots, p_top=t.p_top)
-
-
-class block_loss:  # noqa: N801 (named like the function it stands for in a kind's recipe)
-    """DSpark / DFlash: λ_ce·CE + λ_l1·L1 + λ_conf·confidence BCE, positions weighted exp(−(j−1)/decay)."""
-
-    @staticmethod
-    def terms(c: TrainConfig, t: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
-        w = t.weight if t.weight is not None else loss_weights(t.valid, c.decay)
-        total, nums, per = block_terms(t.logq.float(), t.label, w, t.conf_logits, **_teacher(t),
-                                       lambda_ce=c.lambda_ce, lambda_l1=c.lambda_l1, lambda_conf=c.lambda_conf)
-        den = t.den if t.den is not None else nums.pop("den")
-        nums.pop("den", None)
-        return total, nums, den, per
-
-    @staticmethod
-    def lambdas(c: TrainConfig) -> dict[str, float]:
-        return {"ce": c.lambda_ce, "l1": c.lambda_l1, "conf": c.lambda_conf}
-
-
-class eagle3_loss:  # noqa: N801
-    """Eagle3: full-vocabulary soft CE, step k weighted step_decay^k, a mean over chains."""
-
-    @staticmethod
-    def terms(c: TrainConfig, t: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
-        w = t.weight if t.weight is not None else eagle3_loss_weights(t.valid, c.step_decay)
-        num, nums, per = eagle3_terms(t.logq.float(), w, **_teacher(t))
-        den = t.den if t.den is not None else t.valid.any(-1).sum().float()  # chains
-        return c.lambda_soft_ce * num, nums, den, per
-
-    @staticmethod
-    def lambdas(c: TrainConfig) -> dict[str, float]:
-        return {"soft_ce": c.lambda_soft_ce, "l1": 0.0}
 
 
 class _Objective(torch.nn.Module):
@@ -336,44 +256,6 @@ class Trainer:
             return "its 'log' entry is not a list"
         return None
 
-    # -- batches ----------------------------------------------------------------------------
-    def _batch(self, idx: list[int], slots: list[int]) -> Batch:
-        d = self.data
-        layer_ids = self.drafter.target_layer_ids
-        teach = d.teacher_rows(idx, layer_ids)
-        n = max(len(d.sequences[i]) for i in idx)
-        S = len(idx)
-        ids = torch.zeros(S, n, dtype=torch.long)
-        feats = torch.zeros(S, n, teach[0].feats.shape[1])
-        full = d.teacher == "full"
-        if full:
-            last = torch.zeros(S, n, teach[0].last_hidden.shape[1])
-            with_lse = all(row.last_lse is not None for row in teach)
-            lse = torch.zeros(S, n)
-        else:
-            k = teach[0].top_ids.shape[1]
-            top_ids = torch.zeros(S, n, k, dtype=torch.long)
-            top_logp = torch.full((S, n, k), -30.0)
-        anchors = torch.full((S, self.cfg.anchors_per_seq), -1, dtype=torch.long)
-        for r, (i, slot, row) in enumerate(zip(idx, slots, teach)):
-            L = len(d.sequences[i])
-            ids[r, :L] = torch.tensor(d.sequences[i])
-            feats[r, :L] = row.feats
-            if full:
-                last[r, :L] = row.last_hidden
-                if with_lse:
-                    lse[r, :L] = row.last_lse
-            else:
-                top_ids[r, :L], top_logp[r, :L] = row.top_ids, row.top_logp
-            a = sample_anchors(self.cfg, self.step, slot, L, d.prompt_lens[i])
-            anchors[r, : len(a)] = torch.tensor(a, dtype=torch.long)
-        lengths = torch.tensor([len(d.sequences[i]) for i in idx])
-        prompt_lens = torch.tensor([d.prompt_lens[i] for i in idx])
-        if full:
-            return Batch(ids, lengths, prompt_lens, feats, None, None, anchors, last_hidden=last,
-                         last_lse=lse if with_lse else None)
-        return Batch(ids, lengths, prompt_lens, feats, top_ids, top_logp, anchors)
-
     # -- the loop ---------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
         cfg, G = self.cfg, self.cfg.seqs_per_step
@@ -388,7 +270,8 @@ class Trainer:
         den = alpha_sum = count = 0
         for m in range(cfg.grad_accum):
             slots = mine[m * micro : (m + 1) * micro]
-            batch = self._batch([glob[s] for s in slots], slots)
+            batch = build_batch(self.data, self.cfg, self.step, [glob[s] for s in slots], slots,
+                                self.drafter.target_layer_ids)
             sync = m == cfg.grad_accum - 1 or self.world == 1
             ctx = self.model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
             with ctx:

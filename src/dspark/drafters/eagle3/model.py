@@ -1,4 +1,7 @@
-"""The reference Eagle3 drafter: DeepSpec's ``Qwen3Eagle3Model``, parameter for parameter.
+"""Eagle3's modules: the reference drafter (kind ``eagle3``, DeepSpec's ``Qwen3Eagle3Model``,
+parameter for parameter) and dspark's pre-reference layout (kind ``eagle3-fused``, format_version 1
+checkpoints: input at position t is W_in[emb(x_{t+1}) ; f_t]), both drafting γ causal steps of one
+layer through :func:`~dspark.drafters.eagle3.round.autoregressive_round`.
 
 Terms: d hidden size, m captured target layers, H / H_kv query / key-value heads, hd head dim,
 R requests, n positions of one call.
@@ -24,15 +27,50 @@ positions is always causal (identical for one layer).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dspark.drafters.config import DrafterConfig
-from dspark.drafters.layers import LayerShape, RMSNorm, attend, block_mask, rope
-from dspark.drafters.neural import _Eagle3Loop
+from dspark.drafters.eagle3.graphs import autoregressive_graph_specs
+from dspark.drafters.eagle3.round import autoregressive_round
+from dspark.drafters.layers import DraftLayer, LayerShape, RMSNorm, attend, block_mask, rope
+from dspark.drafters.neural import NeuralDrafter
 
-__all__ = ["Eagle3Drafter", "Eagle3Layer"]
+__all__ = ["AutoregressiveDrafter", "Eagle3Drafter", "Eagle3Layer", "Eagle3FusedDrafter"]
+
+
+class AutoregressiveDrafter(NeuralDrafter):
+    """The Eagle3 kinds (:class:`Eagle3Drafter`, :class:`Eagle3FusedDrafter`): drafting is
+    :func:`~dspark.drafters.eagle3.round.autoregressive_round` (per-request causal K/V cache,
+    the pending feature of the last context position, γ autoregressive steps).
+
+    A subclass provides ``_fuse(features [n, m·d]) → [n, d]``, ``_run(tokens [R, n], feats
+    [R, n, d], positions [R, n], ctx_k, ctx_v, ctx_mask, attn_mask=None) → (out, k, v)`` (one
+    causal layer call: the pre-norm outputs [R, n, d] and the new positions' K/V [R, H_kv, n, hd];
+    ``attn_mask`` [R, n, P + n] replaces the causal mask, as the training forward needs),
+    ``layer`` and ``norm``.
+    """
+
+    round = staticmethod(autoregressive_round)
+    graph_specs = staticmethod(autoregressive_graph_specs)
+
+    @staticmethod
+    def graph_names(config: dict[str, Any]) -> tuple[str, ...]:
+        return ("fuse", "context", "step")
+
+    _returns_hidden = False
+
+    def _num_cached_layers(self) -> int:  # the one causal layer whose K/V the loop caches
+        return 1
+
+    def _fuse(self, features: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _run(self, tokens, feats, positions, ctx_k, ctx_v, ctx_mask, attn_mask=None):  # noqa: ANN001, ANN202
+        raise NotImplementedError
 
 
 class Eagle3Attention(nn.Module):
@@ -129,10 +167,10 @@ class Eagle3Layer(nn.Module):
         return r + self.mlp(self.post_attention_layernorm(r)), k, v
 
 
-class Eagle3Drafter(_Eagle3Loop):
+class Eagle3Drafter(AutoregressiveDrafter):
     """Reference Eagle3 (kind ``eagle3``): ``fc`` over m target features, one Eagle3 layer, ``norm``.
 
-    Inference protocol as :class:`~dspark.drafters.neural.Eagle3FusedDrafter` (per-request causal
+    Inference protocol as :class:`AutoregressiveDrafter` (per-request causal
     cache, the last context feature pending until its next token is known, γ steps);
     ``DraftBlock.hidden`` holds the per-step layer outputs h_j (pre-norm; logits_j = W_lm·norm(h_j)).
     """
@@ -156,3 +194,28 @@ class Eagle3Drafter(_Eagle3Loop):
 
     def _run(self, tokens, feats, positions, ctx_k, ctx_v, ctx_mask, attn_mask=None):  # noqa: ANN001, ANN202
         return self.layer(self.embed(tokens), feats, positions, ctx_k, ctx_v, ctx_mask, attn_mask)
+
+
+class Eagle3FusedDrafter(AutoregressiveDrafter):
+    """dspark's pre-reference Eagle3 (kind ``eagle3-fused``, format_version 1 checkpoints): one
+    causal decoder layer whose input is W_in[emb(x_{t+1}) ; fuse(f_t)] (residual = that
+    projection) over fused low/mid/high target features, γ autoregressive steps."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__(config)
+        s = config.layer
+        d = s.hidden_size
+        self.fuse = nn.Linear(3 * d, d, bias=False)
+        self.in_proj = nn.Linear(2 * d, d, bias=False)
+        self.layer = DraftLayer(s)
+        self.norm = RMSNorm(d, s.rms_norm_eps)
+
+    def _inputs(self, next_tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        return self.in_proj(torch.cat([self.embed(next_tokens), feats], dim=-1))  # [..., d]
+
+    def _fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fuse(features.to(self.fuse.weight.dtype))  # [n, d]
+
+    def _run(self, tokens, feats, positions, ctx_k, ctx_v, ctx_mask, attn_mask=None):  # noqa: ANN001, ANN202
+        x = self._inputs(tokens, feats)  # [R, n, d]
+        return self.layer(x, positions, ctx_k, ctx_v, ctx_mask, causal=True, return_kv=True, attn_mask=attn_mask)

@@ -1,0 +1,83 @@
+"""DSpark's drafting round: DFlash's block round (:func:`dspark.drafters.dflash.round.draft_block`)
+with γ sequential-head steps between the backbone and the draws.
+
+x̂_j ~ softmax(Ũ_j) with Ũ_j = U_j + b(x̂_{j−1}, h_j), and the confidence logit of step j read
+from (h_j, x̂_{j−1}); terms as in :mod:`dspark.drafters.loop`, r the head's rank.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.drafters.dflash.round import draft_block
+from dspark.drafters.loop import DraftingLoop
+from dspark.protocols.drafter import DraftContext
+from dspark.types import DraftBlock
+
+__all__ = ["dspark_round", "HeadSteps", "ENDED_LOGIT"]
+
+#: the confidence logit of a step a survival floor left out (σ ≈ 1e-13; finite, so calibrators stay finite)
+ENDED_LOGIT = -30.0
+
+
+class HeadSteps:
+    """One round's sequential-head steps through the ``head`` graph: the RNN head's state [R, r]
+    carried between steps, the confidence logits collected."""
+
+    def __init__(self, loop: DraftingLoop, R: int, dtype: torch.dtype) -> None:
+        s = loop.spec
+        self.loop = loop
+        self.state = torch.zeros(R, s.rank, device=loop.device, dtype=dtype) if s.stateful_head else None
+        self.conf: list[torch.Tensor] = []
+        # the opt-in survival floor (DraftingLoop.survival_floor): Π σ(confidence logit) of the steps
+        # so far, and where each request's draft ends (γ: not yet)
+        self.floor = loop.survival_floor if s.confidence else None
+        self.survival = torch.ones(R)
+        self.cut = torch.full((R,), s.gamma, dtype=torch.long)
+
+    def __call__(self, prev: torch.Tensor, h_j: torch.Tensor, U_j: torch.Tensor) -> torch.Tensor:
+        """x̂_{j−1} slots [R], h_j [R, d], U_j [R, V_d] → Ũ_j [R, V_d]."""
+        loop = self.loop
+        inputs = {"prev_ids": prev.to(loop.device), "h_j": h_j.contiguous(), "base_logits_j": U_j.contiguous()}
+        if self.state is not None:
+            inputs["state"] = self.state
+        step = loop.runner.run("head", inputs)
+        if loop.spec.confidence:
+            self.conf.append(step["confidence_logit"])  # [R], brought to the CPU with the round
+            if self.floor is not None:
+                self._end_below_floor()
+        if self.state is not None:
+            self.state = step["state_out"]
+        return step["logits"]
+
+    def _end_below_floor(self) -> None:
+        """A request's draft ends at step j once its survival through j falls below the floor: a
+        stopping rule (it reads x̂_{j−1} and h_j, never x̂_j), so lossless like any verify length."""
+        j = len(self.conf) - 1
+        self.survival = self.survival * torch.sigmoid(self.conf[-1].float().cpu())
+        ended = (self.cut == self.loop.spec.gamma) & (self.survival < self.floor)
+        self.cut = torch.where(ended, torch.full_like(self.cut, j), self.cut)
+
+    @property
+    def done(self) -> bool:
+        """Every request's draft has ended (survival floor): the round draws no further token."""
+        return self.floor is not None and bool((self.cut < self.loop.spec.gamma).all())
+
+    def cut_lengths(self, valid: torch.Tensor) -> torch.Tensor:
+        """The valid lengths [R], cut where the survival floor ended each request's draft."""
+        return valid if self.floor is None else torch.minimum(valid, self.cut)
+
+    def confidence_logits(self) -> torch.Tensor | None:
+        """[R, γ] on the CPU, None without a confidence head; the steps a survival floor left out
+        hold :data:`ENDED_LOGIT` (beyond every valid length)."""
+        if not self.conf:
+            return None
+        z = torch.stack(self.conf, 1).float().cpu()
+        missing = self.loop.spec.gamma - z.shape[1]
+        return torch.cat([z, z.new_full((z.shape[0], missing), ENDED_LOGIT)], 1) if missing else z
+
+
+def dspark_round(loop: DraftingLoop, context: DraftContext, feats: list[torch.Tensor]) -> DraftBlock:
+    """DSpark: ingest new context, one parallel backbone call, γ sequential-head steps and draws
+    (without a head, DFlash's round)."""
+    return draft_block(loop, context, feats, HeadSteps if loop.spec.head is not None else None)
