@@ -1,15 +1,21 @@
-"""The draft round on a compiled runner (dspark.fast.drafter) against the eager drafter.
+"""The draft round on a compiled or an ONNX Runtime runner (dspark.fast.drafter) against the eager drafter.
 
 * a compiled drafter's blocks equal the eager drafter's on the same contexts (the eager drafter is
   the oracle), and the engine with it is greedy-identical to the target's own decode;
+* likewise on the onnxruntime runner (the live drafter's graphs exported to a temporary folder):
+  tokens equal, logits and confidence logits within 1e-4 (fp32), greedy identity of the engine;
 * sampling through the compiled drafter keeps the target's law (χ², fixed seeds);
-* the fallbacks: a graph that fails to compile, and a machine where torch.compile cannot run,
-  leave the drafter eager with one logged sentence;
-* the start-up race leaves the drafter on the runner it reports.
+* the fallbacks: a graph that fails to compile or to run in onnxruntime, and a machine where
+  torch.compile cannot run, leave the drafter eager with one logged sentence; a drafter onnxruntime
+  cannot run (bf16, a graph that does not export, an n-gram drafter) is skipped in one sentence;
+* the start-up race leaves the drafter on the runner it reports — the very runner it timed;
+* the sequential head's opt-in survival floor ends each draft where its survival falls below it,
+  leaves what precedes unchanged, and keeps greedy identity and the sampled law.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 
 import pytest
@@ -18,6 +24,7 @@ import torch
 import dspark
 from dspark.drafters.loop import TorchRunner
 from dspark.engine import Engine
+from dspark.export.live import LiveOrtRunner
 from dspark.fast import FastTarget
 from dspark.fast.compile import CompileUnavailable
 from dspark.fast.drafter import choose_draft_runner, use_draft_runner
@@ -34,6 +41,10 @@ from helpers import (
 from test_fast_step import FLAT, PROMPTS, V, _drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+needs_onnx = pytest.mark.skipif(
+    importlib.util.find_spec("onnx") is None or importlib.util.find_spec("onnxruntime") is None,
+    reason="the onnxruntime runner needs onnx and onnxruntime: pip install 'dspark[onnx]'")
 
 
 def _model():
@@ -142,21 +153,23 @@ def test_no_compiler_leaves_the_drafter_eager(monkeypatch, caplog):
         assert use_draft_runner(drafter, "compiled") == "eager"
     assert "no C++ compiler" in caplog.text and "runs eager" in caplog.text
     assert drafter.loop.runner.path == "eager"
-    with pytest.raises(ValueError, match="draft runner must be one of eager, compiled, got 'onnx'"):
+    with pytest.raises(ValueError, match="draft runner must be one of eager, compiled, onnxruntime, got 'onnx'"):
         use_draft_runner(drafter, "onnx")
     ngram = dspark.get_drafter("ngram", vocab_size=V, gamma=4)
     assert use_draft_runner(ngram, "compiled") == "own"  # not a graph drafter: nothing to switch
 
 
+@needs_onnx
 def test_the_race_leaves_the_drafter_on_the_runner_it_reports():
     target = FastTarget(_model(), path="packed")
     drafter = _drafter(target, "dflash")
     ids = [torch.tensor(p) for p in PROMPTS[::2]]
     choice = choose_draft_runner(target, drafter, ids, FLAT, rounds=3)
-    assert set(choice.overhead_seconds) == {"eager", "compiled"}
+    assert set(choice.overhead_seconds) == {"eager", "compiled", "onnxruntime"}
     assert choice.runner == min(choice.overhead_seconds, key=choice.overhead_seconds.__getitem__)
     assert drafter.loop.runner.path == choice.runner
     assert choice.compile_seconds is not None and choice.compile_seconds > 0
+    assert choice.export_seconds is not None and choice.export_seconds > 0
     assert choice.reason.startswith(f"draft round on the {choice.runner} runner: eager ")
     assert choice.to_dict()["runner"] == choice.runner
     assert list(target.request_ids) == []  # the race's engines left nothing behind
@@ -174,8 +187,214 @@ def test_the_race_does_not_time_a_runner_that_fell_back_as_compiled(monkeypatch,
     target = FastTarget(_model(), path="packed")
     drafter = _drafter(target, "dflash")
     with caplog.at_level(logging.WARNING, logger="dspark.drafters.loop"):
-        choice = choose_draft_runner(target, drafter, [torch.tensor(p) for p in PROMPTS[::2]], FLAT, rounds=3)
+        choice = choose_draft_runner(target, drafter, [torch.tensor(p) for p in PROMPTS[::2]], FLAT, rounds=3,
+                                     candidates=("eager", "compiled"))
     assert set(choice.overhead_seconds) == {"eager"} and choice.runner == "eager"
     assert choice.notes == ("compiled: a graph failed to compile, the drafter ran eager",)
     assert "LoweringException" in caplog.text
     assert drafter.loop.runner.path == "eager"
+
+
+# -- the onnxruntime runner (dspark.export.live) --------------------------------------------
+
+
+def _ort_drafter(target, dname):
+    """test_fast_step's tiny drafters; the DSpark one with a confidence head (its logits compared too)."""
+    if dname != "dspark:gated-markov+confidence":
+        return _drafter(target, dname)
+    torch.manual_seed(1)
+    d = dspark.get_drafter("dspark", target=target, gamma=4, num_layers=2, head="gated-markov", rank=8,
+                           confidence=True)
+    for p in d.parameters():
+        if p.ndim > 1:
+            torch.nn.init.normal_(p, std=0.2)
+    return d
+
+
+@needs_onnx
+@pytest.mark.parametrize("dname", ["dspark:gated-markov+confidence", "eagle3"])
+def test_an_onnxruntime_drafter_drafts_what_the_eager_drafter_drafts(dname):
+    """Replay every round's engine context through a fresh eager drafter and a fresh one on the
+    onnxruntime runner (same weights): tokens equal; logits, confidence logits and hidden states
+    within 1e-4 (fp32 in both: only the order of the float operations differs)."""
+    model = _model()
+    target = FastTarget(model, path="packed")
+    contexts = _contexts(target, _ort_drafter(target, dname))
+    eager, ort = _ort_drafter(target, dname), _ort_drafter(target, dname)
+    assert use_draft_runner(ort, "onnxruntime") == "onnxruntime"
+    assert isinstance(ort.loop.runner, LiveOrtRunner)
+    for context in contexts:
+        a, b = eager.draft(context), ort.draft(context)
+        assert torch.equal(a.tokens, b.tokens), f"{dname}: greedy drafts differ"
+        torch.testing.assert_close(b.draft_logits, a.draft_logits, atol=1e-4, rtol=1e-4)
+        assert (a.confidence_logits is None) == (dname == "eagle3")
+        if a.confidence_logits is not None:
+            torch.testing.assert_close(b.confidence_logits, a.confidence_logits, atol=1e-4, rtol=1e-4)
+        if a.hidden is not None:
+            torch.testing.assert_close(b.hidden, a.hidden, atol=1e-4, rtol=1e-4)
+    assert ort.loop.runner.path == "onnxruntime"  # no silent fallback
+
+
+@needs_onnx
+@pytest.mark.parametrize("dname", ["dspark:gated-markov+confidence", "eagle3"])
+def test_the_engine_with_an_onnxruntime_drafter_is_greedy_identical(dname):
+    model = _model()
+    target = FastTarget(model, path="packed")
+    drafter = _ort_drafter(target, dname)
+    assert use_draft_runner(drafter, "onnxruntime") == "onnxruntime"
+    engine = Engine(target, drafter, scheduler=dspark.get_scheduler("sps-greedy"), cost_model=FLAT,
+                    clock=TickClock())
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    rids, done = run_with_late_join(engine, prompts, 20)
+    for rid, p in zip(rids, prompts):
+        assert done[rid].output_ids == greedy_decode(model, p, 20), f"{dname}: {rid} diverged"
+    assert sum(c.metrics["accepted"] for c in done.values()) > 0
+    assert drafter.loop.runner.path == "onnxruntime"
+
+
+def test_onnxruntime_skips_what_it_cannot_run_in_one_sentence(caplog):
+    """A bf16 drafter and an n-gram drafter (no graphs): no crash, the drafter keeps a runner of its own."""
+    target = FastTarget(_model(), path="packed")
+    half = _drafter(target, "dflash").to(torch.bfloat16)
+    with caplog.at_level(logging.WARNING, logger="dspark.fast.drafter"):
+        assert use_draft_runner(half, "onnxruntime") == "eager"
+    (record,) = [r for r in caplog.records if r.name == "dspark.fast.drafter"]
+    assert record.getMessage() == (
+        "onnxruntime cannot run this drafter here (the drafter computes in bfloat16; onnxruntime's CPU provider "
+        "has no bfloat16 MatMul, and fp32 graphs would draft other blocks than it does); the drafter runs eager")
+    assert half.loop.runner.path == "eager"
+    ngram = dspark.get_drafter("ngram", vocab_size=V, gamma=4)
+    assert use_draft_runner(ngram, "onnxruntime") == "own"
+    choice = choose_draft_runner(target, ngram, [torch.tensor(PROMPTS[0])], FLAT, rounds=3)
+    assert choice.runner == "own" and choice.overhead_seconds == {}
+    assert choice.reason == "draft round on the own runner: nothing timed (NGramDrafter drafts its own way)"
+
+
+def test_the_race_skips_a_drafter_whose_graphs_do_not_export(monkeypatch, caplog):
+    def failing(drafter, folder, **kw):
+        raise RuntimeError("UnsupportedOperatorError: an op the ONNX exporter cannot write")
+
+    monkeypatch.setattr("dspark.export.export_onnx", failing)
+    monkeypatch.setattr("dspark.export.live.check_exportable", lambda drafter: None)  # onnx may be absent
+    target = FastTarget(_model(), path="packed")
+    drafter = _drafter(target, "dflash")
+    with caplog.at_level(logging.INFO, logger="dspark.fast.drafter"):
+        choice = choose_draft_runner(target, drafter, [torch.tensor(p) for p in PROMPTS[::2]], FLAT, rounds=3,
+                                     candidates=("eager", "onnxruntime"))
+    why = ("onnxruntime cannot run this drafter here (its graphs did not export to ONNX (RuntimeError: "
+           "UnsupportedOperatorError: an op the ONNX exporter cannot write))")
+    assert choice.notes == (f"onnxruntime skipped: {why}",)
+    assert f"the onnxruntime draft runner is skipped: {why}" in caplog.text
+    assert set(choice.overhead_seconds) == {"eager"} and choice.runner == "eager"
+    assert choice.export_seconds is None
+    assert drafter.loop.runner.path == "eager"
+
+
+@needs_onnx
+def test_a_graph_that_fails_in_onnxruntime_runs_eager_in_one_sentence(caplog):
+    model = _model()
+    target = FastTarget(model, path="packed")
+    contexts = _contexts(target, _drafter(target, "dflash"))
+    eager, ort = _drafter(target, "dflash"), _drafter(target, "dflash")
+    use_draft_runner(ort, "onnxruntime")
+    runner = ort.loop.runner
+
+    def failing(graph, inputs):
+        raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : a shape the kernel rejects")
+
+    runner.sessions.run = failing
+    with caplog.at_level(logging.WARNING, logger="dspark.export.live"):
+        got = ort.draft(contexts[0])
+    (record,) = [r for r in caplog.records if r.name == "dspark.export.live"]
+    assert "INVALID_ARGUMENT" in record.getMessage() and "runs eager" in record.getMessage()
+    assert runner.path == "eager"
+    want = eager.draft(contexts[0])
+    assert torch.equal(got.tokens, want.tokens)
+    torch.testing.assert_close(got.draft_logits, want.draft_logits, atol=1e-5, rtol=1e-5)
+
+
+@needs_onnx
+@pytest.mark.parametrize("winner", ["eager", "onnxruntime"])
+def test_the_race_keeps_the_runner_it_timed(monkeypatch, winner):
+    """Timings faked per runner: each candidate is warmed up (one pass) before it is timed, and the
+    winner is the very runner object that was timed — nothing exports or compiles again."""
+    calls = []
+
+    def fake(target, drafter, ids, num_requests, cost_model, calibrator=None, rounds=4, passes=3, **kw):
+        runner = drafter.loop.runner
+        calls.append((runner.path, passes, runner))
+        return {1: 0.001 if runner.path == winner else 0.002}
+
+    monkeypatch.setattr("dspark.bench.prior.measure_draft_overhead", fake)
+    target = FastTarget(_model(), path="packed")
+    drafter = _drafter(target, "dflash")
+    choice = choose_draft_runner(target, drafter, [torch.tensor(PROMPTS[0])], FLAT,
+                                 candidates=("eager", "onnxruntime"))
+    assert [(p, n) for p, n, _r in calls] == [("eager", 1), ("eager", 3), ("onnxruntime", 1), ("onnxruntime", 3)]
+    assert choice.runner == winner and choice.overhead_seconds == {**{"eager": 0.002, "onnxruntime": 0.002}, winner: 0.001}
+    timed = {path: r for path, _p, r in calls}
+    assert drafter.loop.runner is timed[winner]
+    assert choice.reason.startswith(f"draft round on the {winner} runner: eager ")
+
+
+# -- the sequential head's opt-in survival floor (DraftingLoop.survival_floor) ---------------
+
+FLOOR = 0.2  # the tiny random drafter's confidences sit near σ(0): its drafts end after a few steps
+
+
+def test_the_survival_floor_cuts_each_draft_where_its_survival_falls_below_it():
+    """Replayed engine contexts through the drafter without and with a floor: every draft ends at
+    the first position whose survival Π σ(confidence logit) is below the floor, and what precedes
+    it is the same (tokens, logits, confidence logits, hidden states)."""
+    model = _model()
+    target = FastTarget(model, path="packed")
+    dname = "dspark:gated-markov+confidence"
+    contexts = _contexts(target, _ort_drafter(target, dname))
+    whole, floored = _ort_drafter(target, dname), _ort_drafter(target, dname)
+    floored.loop.survival_floor = FLOOR
+    cut_somewhere = stopped_early = False
+    for context in contexts:
+        a, b = whole.draft(context), floored.draft(context)
+        below = torch.cumprod(torch.sigmoid(a.confidence_logits), 1) < FLOOR  # [R, γ]
+        ends = torch.where(below.any(1), below.float().argmax(1), torch.full_like(a.valid_lengths, 4))
+        assert torch.equal(b.valid_lengths, torch.minimum(a.valid_lengths, ends))
+        cut_somewhere |= bool((b.valid_lengths < a.valid_lengths).any())
+        stopped_early |= bool((b.confidence_logits == -30.0).any())
+        for r, n in enumerate(b.valid_lengths.tolist()):
+            assert torch.equal(b.tokens[r, :n], a.tokens[r, :n])
+            torch.testing.assert_close(b.draft_logits[r, :n], a.draft_logits[r, :n])
+            torch.testing.assert_close(b.confidence_logits[r, :n], a.confidence_logits[r, :n])
+        torch.testing.assert_close(b.hidden, a.hidden)
+    assert cut_somewhere and stopped_early  # the floor did cut drafts, and did end rounds early
+
+
+@pytest.mark.parametrize("sched", ["full", "sps-greedy"])
+def test_the_engine_with_a_survival_floor_is_greedy_identical(sched):
+    model = _model()
+    target = FastTarget(model, path="packed")
+    drafter = _ort_drafter(target, "dspark:gated-markov+confidence")
+    drafter.loop.survival_floor = FLOOR
+    engine = Engine(target, drafter, scheduler=dspark.get_scheduler(sched), cost_model=FLAT, clock=TickClock())
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    rids, done = run_with_late_join(engine, prompts, 20)
+    for rid, p in zip(rids, prompts):
+        assert done[rid].output_ids == greedy_decode(model, p, 20), f"{sched}: {rid} diverged"
+    assert sum(c.metrics["accepted"] for c in done.values()) > 0
+
+
+def test_sampling_with_a_survival_floor_matches_the_target():
+    """Joint law of the first two sampled tokens = plain target sampling (χ², fixed seeds): ending a
+    draft on its confidences is a stopping rule."""
+    params = SamplingParams(temperature=1.0)
+    model = _model()
+    target = FastTarget(model, path="packed")
+    drafter = _ort_drafter(target, "dspark:gated-markov+confidence")
+    drafter.loop.survival_floor = FLOOR
+    engine = Engine(target, drafter, scheduler=dspark.get_scheduler("full"), cost_model=FLAT, seed=11,
+                    clock=TickClock())
+    prompt = torch.tensor([7, 13, 11, 7, 13, 11, 7, 13])
+    out = engine.generate([prompt] * 1500, params, max_new_tokens=3, progress=False)
+    tokens = torch.tensor([c.output_ids[:2] for c in out])
+    assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
+                             "survival floor / T1", exact_support=False)
+    assert sum(c.metrics["accepted"] for c in out) > 0

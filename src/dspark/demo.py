@@ -35,20 +35,27 @@ from typing import Any
 
 import attrs
 import torch
-from attrs import field, frozen
+from attrs import frozen
 from tqdm import tqdm
 
 from dspark.autotune import DTYPES, choose_dtype
 from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.demo_report import demo_markdown
-from dspark.gating import GatePrior
+from dspark.gate_forecast import GatePrior
 from dspark.models import load_causal_lm
 from dspark.options import (
+    COMPILE_HELP,
+    DEVICE_HELP,
+    DRAFTER_HELP,
+    GATE_HELP,
+    RACED_STEP_HELP,
     STEP_PATHS,
+    TARGET_HELP,
     NamespaceOptions,
     at_least,
     existing_device,
-    one_of,
+    flag_name,
+    option,
     optional_path,
     path,
     race_paths,
@@ -65,22 +72,28 @@ __all__ = ["DemoOptions", "DemoResult", "run_demo"]
 
 @frozen
 class DemoOptions(NamespaceOptions):
-    """What ``dspark demo`` runs (defaults: the command line's; docs/cli.md explains each)."""
+    """What ``dspark demo`` runs: each field is an option of the command (:func:`dspark.options.option`)."""
 
-    drafter: str = field(default=DEFAULT_DRAFTER, converter=path)
-    max_new_tokens: int = field(default=96, validator=at_least(1))
-    per_domain: int = field(default=2, validator=at_least(1))
-    repeats: int = field(default=3, validator=at_least(1))
-    samples: int = field(default=4000, validator=at_least(1))
-    dtype: str = field(default="auto", validator=one_of("auto", "float32", "bfloat16"))
-    step: str = field(default="auto", validator=one_of("auto", *STEP_PATHS))
-    compile: bool | None = None  # race the compiled step too (None: on a GPU only)
-    gate: bool = True
-    scheduler: str = field(default="sps-greedy", validator=lambda _i, _a, v: _scheduler(v))  # NAME[:KEY=VALUE,...]
-    out: str = field(default="out/demo", converter=path)
-    model: str = field(default="smollm2-135m", converter=path)
-    prompts: str | None = field(default=None, converter=optional_path)  # None: the natural eval set
-    device: str = field(default="cpu", validator=existing_device)
+    drafter: str = option(DEFAULT_DRAFTER, converter=path, metavar="NAME|DIR", help=DRAFTER_HELP)
+    max_new_tokens: int = option(96, validator=at_least(1), help="tokens generated per prompt")
+    per_domain: int = option(2, validator=at_least(1), help="held-out prompts per domain for the speed run")
+    repeats: int = option(3, validator=at_least(1), help="side-by-side repeats (the median is reported)")
+    samples: int = option(4000, validator=at_least(1), help="draws for the sampling check")
+    dtype: str = option("auto", choices=("auto", "float32", "bfloat16"),
+                        help="target dtype for the speed run ('auto': the faster plain step, measured at start-up)")
+    step: str = option("auto", choices=("auto", *STEP_PATHS), help=RACED_STEP_HELP)
+    compile: bool | None = option(None, help=COMPILE_HELP)  # None: on a GPU only
+    gate: bool = option(True, help=GATE_HELP)
+    scheduler: str = option("sps-greedy", validator=lambda _i, _a, v: _scheduler(v),
+                            help="the speculative engine's scheduler, NAME[:KEY=VALUE,...] (e.g. sps-greedy:sunk=true, "
+                            "docs/scheduling-and-calibration.md)")
+    out: str = option("out/demo", converter=path, help="folder for demo.json and demo.md")
+    model: str = option("smollm2-135m", converter=path, flag="--target", help=TARGET_HELP)
+    prompts: str | None = option(None, converter=optional_path,
+                                 help="prompts JSONL for the speed run (default: the shipped natural-prompt eval "
+                                 "set, src/dspark/data/natural_eval.jsonl; the templated one: "
+                                 "src/dspark/checkpoints/smollm2-135m/eval_prompts.jsonl)")
+    device: str = option("cpu", validator=existing_device, help=DEVICE_HELP)
 
 
 @frozen
@@ -160,7 +173,7 @@ def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=Fals
     when ``ref`` is None, else the drafter (folder, draft vocabulary) ``ref``, or ``drafter`` when
     one was already loaded for this model; the engines must not share a target: each keeps its
     own per-request caches; targets on one model share its packed or compiled step); ``prior``:
-    the draft gate's :class:`~dspark.gating.GatePrior`."""
+    the draft gate's :class:`~dspark.gate_forecast.GatePrior`."""
     from dspark.engine import Engine
     from dspark.fast import build_target
     from dspark.gating import DraftGate
@@ -235,7 +248,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     from dspark.drafters.checkpoint import folder_confidence_model
     from dspark.drafters.prune import parse_drafter_ref, variant_label
     from dspark.engine import encode_prompt
-    from dspark.evaluation_runs import calibration_label, calibrator_beside, eval_prompts
+    from dspark.evaluation.drafter_specs import calibration_label, calibrator_beside
+    from dspark.evaluation.inputs import eval_prompts
 
     opts = resolve_options(DemoOptions, options, overrides)
     prompt_file = opts.prompts or str(SHIPPED_EVAL)
@@ -279,7 +293,9 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
     overhead = choice.speculative[choice.label]["overhead_seconds"]
     drafter, runner = None, None
-    if "compiled" in race_paths(opts.step, opts.compile, opts.device):  # the drafter's runner raced too
+    # where the compiled step races, the drafter's runner races too: eager, compiled and onnxruntime
+    # (skipped in one sentence where it cannot run, e.g. a bf16 drafter)
+    if "compiled" in race_paths(opts.step, opts.compile, opts.device):
         from dspark.fast import build_target
         from dspark.fast.drafter import choose_draft_runner
 
@@ -352,7 +368,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
                   "prefix_agreement_with_plain": statistics.mean(match), "per_prompt": per_prompt},
         # ISA caps in the environment (they emulate an older CPU) are part of the command
         "command": " ".join([*choice.machine.caps, "dspark demo"]) + " "
-        + " ".join(_flag(k, v) for k, v in attrs.asdict(opts).items() if v is not None),
+        + " ".join(_flag(f, getattr(opts, f.name)) for f in attrs.fields(DemoOptions)
+                   if getattr(opts, f.name) is not None),
     }
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
     md = demo_markdown(result)
@@ -360,8 +377,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     return DemoResult(out, result, md)
 
 
-def _flag(key: str, value) -> str:
-    name = "--" + key.replace("_", "-")
+def _flag(attribute: attrs.Attribute, value) -> str:
+    name = flag_name(attribute)
     if isinstance(value, bool):
-        return name if value else "--no-" + key.replace("_", "-")
+        return name if value else "--no-" + name[2:]
     return f"{name} {value}"

@@ -36,6 +36,8 @@ def demo_markdown(r: dict) -> str:
                   + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in dr["overhead_seconds"].items())
                   + " beyond a plain round at one request"
                   + (f"; compiling took {dr['compile_seconds']:.0f} s" if dr["compile_seconds"] is not None else "")
+                  + (f"; exporting to onnxruntime took {dr['export_seconds']:.1f} s"
+                     if dr.get("export_seconds") is not None else "")
                   + ("" if not dr["notes"] else f" ({'; '.join(dr['notes'])})") + ".", ""]
     if sp.get("gate_prior"):
         gp = sp["gate_prior"]

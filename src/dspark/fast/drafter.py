@@ -1,108 +1,189 @@
 """The draft round on its fastest runner, chosen by measurement.
 
-A PyTorch drafter runs its graphs (:mod:`dspark.drafters.graphs`) either as the modules are
-(``eager``: products on prepacked weights where they pack) or through ``torch.compile``
-(``compiled``: inductor with weight freezing on a CPU — the small element-wise ops between the
-products, which dominate a block of a few tokens, fuse into a few loops — CUDA graphs on a GPU).
-Which is faster depends on the machine and the drafter, so :func:`choose_draft_runner` times the
-round overhead of each (:func:`dspark.bench.prior.measure_draft_overhead`: a drafted round
-beyond a plain one, on the cost model's clock) and keeps the faster, saying so in one line.
-A compiler that is missing, or a graph that fails to compile, leaves the drafter eager with one
-sentence saying why.
+A PyTorch drafter runs its graphs (:mod:`dspark.drafters.graphs`) on one of :data:`DRAFT_RUNNERS`:
+
+* ``eager`` — the modules as they are (products on prepacked weights where they pack);
+* ``compiled`` — through ``torch.compile`` (inductor with weight freezing on a CPU: the small
+  element-wise ops between the products, which dominate a block of a few tokens, fuse into a few
+  loops; CUDA graphs on a GPU);
+* ``onnxruntime`` — the graphs exported to ONNX in a temporary folder and run by ONNX Runtime
+  sessions (:mod:`dspark.export.live`: a bound fp32 drafter on the CPU; the user exports nothing).
+
+Which is fastest depends on the machine and the drafter, so :func:`choose_draft_runner` times the
+round overhead of each candidate (:func:`dspark.bench.prior.measure_draft_overhead`: a drafted
+round beyond a plain one, on the cost model's clock) after a warm-up pass of that same measure,
+keeps the fastest and says so in one line. A candidate that cannot run here (no compiler, a bf16
+drafter for ONNX Runtime, a graph that does not export) is skipped with one sentence saying why;
+one whose graph fails during its warm-up has fallen back to eager and is not timed under its name.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
 
-__all__ = ["DraftRunnerChoice", "choose_draft_runner", "use_draft_runner"]
+if TYPE_CHECKING:
+    from dspark.drafters.loop import GraphRunner
+
+__all__ = ["DRAFT_RUNNERS", "DraftRunnerChoice", "RunnerUnavailable", "build_draft_runner",
+           "choose_draft_runner", "use_draft_runner"]
 
 log = logging.getLogger(__name__)
 
-DRAFT_RUNNERS = ("eager", "compiled")
+DRAFT_RUNNERS = ("eager", "compiled", "onnxruntime")
+
+
+class RunnerUnavailable(RuntimeError):
+    """A draft runner cannot run this drafter here; the message says why in one sentence."""
 
 
 @attrs.frozen
 class DraftRunnerChoice:
     """What the race measured: the round overhead per runner (seconds beyond a plain round at one
-    request), the winner, the compile time, and why a candidate was left out."""
+    request), the winner, the compile and export times, and why a candidate was left out."""
 
     runner: str
     overhead_seconds: dict[str, float]
     compile_seconds: float | None = None
     notes: tuple[str, ...] = ()
+    export_seconds: float | None = None  # exporting the graphs and loading them into onnxruntime
 
     @property
     def reason(self) -> str:
         """One line for the start-up log."""
         timed = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.overhead_seconds.items())
+        timed = f"{timed} beyond a plain round at one request" if timed else "nothing timed"
         built = f"; compiling took {self.compile_seconds:.0f} s" if self.compile_seconds is not None else ""
+        if self.export_seconds is not None:
+            built += f"; exporting to onnxruntime took {self.export_seconds:.1f} s"
         left = f" ({'; '.join(self.notes)})" if self.notes else ""
-        return f"draft round on the {self.runner} runner: {timed} beyond a plain round at one request{built}{left}"
+        return f"draft round on the {self.runner} runner: {timed}{built}{left}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"runner": self.runner, "overhead_seconds": dict(self.overhead_seconds),
-                "compile_seconds": self.compile_seconds, "notes": list(self.notes)}
+                "compile_seconds": self.compile_seconds, "export_seconds": self.export_seconds,
+                "notes": list(self.notes)}
+
+
+def _check_names(runners: Iterable[str]) -> None:
+    for runner in runners:
+        if runner not in DRAFT_RUNNERS:
+            raise ValueError(f"draft runner must be one of {', '.join(DRAFT_RUNNERS)}, got {runner!r}")
+
+
+def runs_own_graphs(drafter: Any) -> bool:
+    """Whether ``drafter`` drafts through a runner of its own graphs (a PyTorch graph drafter),
+    which these functions may switch; an n-gram or an exported drafter runs its own way."""
+    loop = getattr(drafter, "loop", None)
+    return loop is not None and getattr(loop.runner, "drafter", None) is drafter
+
+
+def build_draft_runner(drafter: Any, runner: str) -> GraphRunner:
+    """A new ``runner`` (:data:`DRAFT_RUNNERS`) for ``drafter``'s graphs, not yet in use; raises
+    :class:`RunnerUnavailable` where it cannot run here. An ``onnxruntime`` runner is exported
+    and loaded here; a ``compiled`` one compiles its graphs at their first calls."""
+    from dspark.drafters.loop import TorchRunner
+
+    _check_names([runner])
+    if runner == "eager":
+        return TorchRunner(drafter)
+    if runner == "compiled":
+        from dspark.fast.compile import CompileUnavailable, check_compiler
+
+        try:
+            check_compiler(next(drafter.parameters()).device)
+        except CompileUnavailable as err:
+            raise RunnerUnavailable(str(err)) from None
+        return TorchRunner(drafter, compiled=True)
+    from dspark.export.live import OrtUnavailable, live_ort_runner
+
+    try:
+        return live_ort_runner(drafter, threads=torch.get_num_threads())
+    except OrtUnavailable as err:
+        raise RunnerUnavailable(f"onnxruntime cannot run this drafter here ({err})") from None
 
 
 def use_draft_runner(drafter: Any, runner: str) -> str:
     """Run ``drafter``'s graphs on ``runner`` (:data:`DRAFT_RUNNERS`) from its next round on and
     return the runner it got: a drafter that is not a PyTorch graph drafter (n-gram, ONNX) keeps
-    its own, and ``compiled`` falls back to ``eager`` in one logged sentence where
-    ``torch.compile`` cannot run here."""
-    from dspark.drafters.loop import TorchRunner
-    from dspark.fast.compile import CompileUnavailable, check_compiler
-
-    if runner not in DRAFT_RUNNERS:
-        raise ValueError(f"draft runner must be one of {', '.join(DRAFT_RUNNERS)}, got {runner!r}")
-    loop = getattr(drafter, "loop", None)
-    if loop is None or not isinstance(loop.runner, TorchRunner):
+    its own (``own``), and a runner that cannot run here falls back to ``eager`` in one logged
+    sentence."""
+    _check_names([runner])
+    if not runs_own_graphs(drafter):
         return "own"
-    if runner == "compiled":
-        try:
-            check_compiler(loop.device)
-        except CompileUnavailable as err:
-            log.warning("%s; the drafter runs eager", err)
-            runner = "eager"
-    if loop.runner.path != runner:
-        loop.use_runner(TorchRunner(drafter, compiled=runner == "compiled"))
+    loop = drafter.loop
+    if loop.runner.path == runner:
+        return runner
+    try:
+        new = build_draft_runner(drafter, runner)
+    except RunnerUnavailable as err:
+        log.warning("%s; the drafter runs eager", err)
+        runner = "eager"
+        if loop.runner.path == runner:
+            return runner
+        new = build_draft_runner(drafter, runner)
+    loop.use_runner(new)
     return runner
 
 
 def choose_draft_runner(target: Any, drafter: Any, ids: Sequence[torch.Tensor], cost_model: Any,
-                        calibrator: Any = None, runners: Sequence[str] = DRAFT_RUNNERS,
+                        calibrator: Any = None, candidates: Sequence[str] = DRAFT_RUNNERS,
                         rounds: int = 8) -> DraftRunnerChoice:
-    """Time the drafter's round overhead on each of ``runners`` (one request, prompts ``ids``),
-    leave the drafter on the fastest and return what was measured. A compiled candidate is warmed
-    up (its graphs compiled, timed as ``compile_seconds``) before it is timed."""
+    """Time the drafter's round overhead on each of ``candidates`` (one request, prompts ``ids``),
+    leave the drafter on the fastest — the very runner that was timed, so nothing compiles or
+    exports again — and return what was measured.
+
+    Every candidate gets a warm-up pass of the measure first (a compiled runner compiles its graphs
+    there, timed as ``compile_seconds``; an ``onnxruntime`` runner's export and session start-up
+    are ``export_seconds``). A candidate that cannot run here is skipped with one logged sentence."""
     from dspark.bench.prior import measure_draft_overhead
 
+    _check_names(candidates)
+    if not runs_own_graphs(drafter):
+        choice = DraftRunnerChoice("own", {}, notes=(f"{type(drafter).__name__} drafts its own way",))
+        log.info(choice.reason)
+        return choice
+
+    def overhead(**passes: int) -> float:
+        return measure_draft_overhead(target, drafter, ids, [1], cost_model, calibrator, rounds=rounds,
+                                      **passes).get(1, 0.0)
+
+    loop = drafter.loop
     measured: dict[str, float] = {}
+    timed: dict[str, GraphRunner] = {}
     notes: list[str] = []
-    compile_seconds = None
-    for runner in runners:
-        got = use_draft_runner(drafter, runner)
-        if got != runner:
-            notes.append(f"{runner}: not available here, ran {got}")
+    compile_seconds = export_seconds = None
+    for name in dict.fromkeys(candidates):
+        t0 = time.perf_counter()
+        try:
+            runner = loop.runner if loop.runner.path == name else build_draft_runner(drafter, name)
+        except RunnerUnavailable as err:
+            log.info("the %s draft runner is skipped: %s", name, err)
+            notes.append(f"{name} skipped: {err}")
             continue
-        if runner == "compiled":
-            t0 = time.perf_counter()
-            # the graphs compile at their first calls: a pass of the timing itself meets every shape class
-            measure_draft_overhead(target, drafter, ids, [1], cost_model, calibrator, rounds=rounds, passes=1)
+        if name == "onnxruntime":
+            export_seconds = time.perf_counter() - t0
+        loop.use_runner(runner)
+        t0 = time.perf_counter()
+        overhead(passes=1)  # warm-up: a compiled runner meets every shape class of the timing here
+        if name == "compiled":
             compile_seconds = time.perf_counter() - t0
-            if drafter.loop.runner.path != "compiled":  # a graph failed to compile: the runner went eager (logged)
-                notes.append("compiled: a graph failed to compile, the drafter ran eager")
-                continue
-        measured[runner] = measure_draft_overhead(target, drafter, ids, [1], cost_model, calibrator,
-                                                  rounds=rounds).get(1, 0.0)
+        if runner.path != name:  # a graph failed in the warm-up: the runner went eager (logged)
+            failed = "to compile" if name == "compiled" else f"in {name}"
+            notes.append(f"{name}: a graph failed {failed}, the drafter ran eager")
+            continue
+        measured[name] = overhead()
+        timed[name] = runner
     best = min(measured, key=measured.__getitem__) if measured else "eager"
-    use_draft_runner(drafter, best)
-    choice = DraftRunnerChoice(best, measured, compile_seconds, tuple(notes))
+    if best in timed:
+        loop.use_runner(timed[best])
+    else:
+        use_draft_runner(drafter, best)
+    choice = DraftRunnerChoice(best, measured, compile_seconds, tuple(notes), export_seconds)
     log.info(choice.reason)
     return choice
