@@ -9,8 +9,8 @@ on every call; :mod:`dspark.fast` offers the same arithmetic with prepacked weig
 compiled by inductor (``compiled``). None of this is assumed: :func:`choose_dtype` times the
 verification profile t(1 + ℓ), ℓ = 0..γ, of one request over ``context`` tokens of KV cache for
 each candidate dtype × path, keeps the fastest, and returns its profile — the cost model the
-scheduler and the draft gate then use. Compiling takes minutes (inductor's on-disk cache shortens
-later start-ups), so it is raced only in the dtype that won the eager paths.
+scheduler and the draft gate then use. Compiling is slow (inductor's on-disk cache shortens later
+start-ups), so it is raced only in the dtype that won the eager paths.
 
 The fastest plain step is not always the fastest speculative decode: a configuration whose step
 grows little with the tokens verified can win with drafting while losing at one token. Given a

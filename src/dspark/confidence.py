@@ -6,11 +6,10 @@ a head (DFlash, Eagle3, n-gram): the logit of max_v softmax(Ũ_j)(v) (of q_j whe
 logits). It reads Ũ_j / q_j, which depend on h_j and x̂_{j-1} only, so it keeps the stopping-rule property; a proxy built from q_j(x̂_j), the probability
 of the token actually drawn, would *not* (it reads x̂_j) and is deliberately not offered.
 ``head-max-prob`` stacks the two per position with weights fitted on held-out rounds
-(:func:`fit_head_max_prob`): on dspark-5l-xl's natural eval rounds the proxy alone ranks
-acceptance better than the head at positions 1–6, and the stack better than either
-(docs/reports/2026-12-04-trained-drafters.md, "Confidence features"). ``stacked`` generalises it: a per-position logistic
-regression over named features of the block (:data:`FEATURES`) and, optionally, their squares,
-fitted by log-loss (:func:`fit_stacked`), so its logits come out calibrated (``calibrated = True``:
+(:func:`fit_head_max_prob`): the proxy alone can rank acceptance better than a trained head, and
+the stack better than either (the measurements are in docs/reports/). ``stacked`` generalises it:
+a per-position logistic regression over named features of the block (:data:`FEATURES`) and,
+optionally, their squares, fitted by log-loss (:func:`fit_stacked`), so its logits come out calibrated (``calibrated = True``:
 the engine applies no calibrator on top). The default drafter ships one as its ``confidence.json``.
 """
 

@@ -2,13 +2,12 @@
 
 :class:`HFTarget` wraps any HF ``AutoModelForCausalLM`` whose KV cache is a plain full-attention
 ``DynamicCache`` (Llama, Qwen3, Mistral without sliding window, ...) and serves many concurrent
-requests of different lengths that join and leave at any time (docs/serving-and-benchmarks.md, "Batching an HF
-target").
+requests of different lengths that join and leave at any time (docs/serving-and-benchmarks.md,
+"Batching an HF target").
 
 Storage
-    Each request owns one KV tensor ``[L, 2, H_kv, capacity, d_head]`` (all decoder layers, keys
-    and values) plus its length n_r. The capacity grows by doubling; ``rollback`` only lowers n_r
-    (the stale slots are overwritten by the next forward), ``release`` drops the tensor.
+    Each request owns one KV tensor plus its length (:class:`~dspark.hf_batch_cache.RequestKV`);
+    ``rollback`` only lowers the length, ``release`` drops the tensor.
 
 One batched forward (``verify``; ``prefill`` is the same with no past)
     With past lengths n_r, P = max_r n_r and q = 1 + max_r ℓ_r new tokens per row, a padded batch
@@ -37,14 +36,12 @@ Cost (why ``accounting = "padded"``)
     the longest draft and attends over the longest past. The cost model must therefore price
     B = R · (1 + max ℓ) (:func:`dspark.cost_models.batch_size`). On top of the forward, each step
     with R > 1 copies every request's past into the batch cache: R · P · L · 2 · H_kv · d_head
-    elements (Σ n_r real plus the zeroed left pad), e.g. SmolLM2-135M (L = 30, H_kv = 3,
-    d_head = 64, fp32: 46 KB per token) at R = 16, P = 128 copies ~94 MB per step, plus
-    Σ (1 + ℓ_r) tokens copied back. The batch cache lives in one reused scratch buffer (a fresh
-    94 MB tensor per step costs ~5× the copy in page faults on CPU); it is freed when the last
-    request is released. Measured on the 2-core EPYC: the gather is ~5 ms of a ~80 ms step at
-    R = 16, q = 1 — still less than plain HF pays for the ``torch.cat`` of its own DynamicCache
-    over the same padded batch. The copy grows linearly with context, which is the known cost of
-    approach (b); a slotted KV store (approach (c)) would remove it.
+    elements (Σ n_r real plus the zeroed left pad), plus Σ (1 + ℓ_r) tokens copied back. The batch
+    cache lives in one reused scratch buffer (a fresh tensor per step would pay page faults on first
+    touch, several times the copy itself on a CPU); it is freed when the last request is released.
+    The gather stays cheaper than the ``torch.cat`` plain HF pays over its own DynamicCache for the
+    same padded batch, but it grows linearly with context; a slotted KV store that the forward
+    indexes in place would remove it.
 
 Hidden states
     ``capture_layers`` are 0-based decoder-layer ids; id k is the OUTPUT of decoder layer k, i.e.
@@ -62,133 +59,21 @@ from typing import Any
 
 import torch
 
-from dspark.drafters.config import default_layer_ids
+from dspark.hf_batch_cache import (
+    MIN_CAPACITY,
+    RequestKV,
+    append_new_kv,
+    batch_cache,
+    gather_padded_past,
+    int_vector,
+    keep_output,
+    probe_kv_layout,
+    zero_padded,
+)
 from dspark.models import cache_kwarg
 from dspark.protocols import TargetOutput
 
-__all__ = ["HFTarget", "default_layer_ids"]
-
-_MIN_CAPACITY = 64  # tokens; a request's KV tensor starts at least this long
-
-
-_CACHE_CLASSES: tuple[type, type] | None = None
-
-
-def _cache_classes() -> tuple[type, type]:
-    """(SlotLayer, BatchCache), built on first use so importing this module stays cheap."""
-    global _CACHE_CLASSES
-    if _CACHE_CLASSES is not None:
-        return _CACHE_CLASSES
-    try:
-        from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
-    except ImportError as err:  # transformers < 5
-        raise ImportError("HFTarget needs transformers >= 5 (the Cache.layers API)") from err
-
-    class SlotLayer(DynamicLayer):
-        """A full-attention layer over preallocated views keys/values [R, H, T, d].
-
-        Slots [0, past) already hold the (padded) past; ``update`` writes the new K/V in place
-        after them instead of concatenating.
-        """
-
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, past: int) -> None:
-            super().__init__()
-            self.keys, self.values = keys, values
-            self.filled = past
-            self.device = keys.device
-            self.is_initialized = True
-
-        def lazy_initialization(self, key_states, value_states) -> None:  # already allocated
-            return None
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            end = self.filled + key_states.shape[-2]
-            if end > self.keys.shape[-2]:
-                raise RuntimeError(f"batch cache overflow: {end} > {self.keys.shape[-2]} slots")
-            self.keys[:, :, self.filled : end] = key_states
-            self.values[:, :, self.filled : end] = value_states
-            self.filled = end
-            return self.keys[:, :, :end], self.values[:, :, :end]
-
-        def get_seq_length(self) -> int:
-            return self.filled
-
-        def get_max_length(self) -> int:
-            return self.keys.shape[-2]
-
-    class BatchCache(DynamicCache):
-        """A DynamicCache whose layers are :class:`SlotLayer` views."""
-
-        def __init__(self, layers: list) -> None:
-            Cache.__init__(self, layers=layers)
-
-    _CACHE_CLASSES = (SlotLayer, BatchCache)
-    return _CACHE_CLASSES
-
-
-def _batch_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], past: int) -> Any:
-    slot_layer, batch_cache = _cache_classes()
-    return batch_cache([slot_layer(k, v, past) for k, v in zip(keys, values)])
-
-
-class _Request:
-    """One request's KV store: kv [L, 2, H, capacity, d] and its valid length."""
-
-    __slots__ = ("kv", "length", "_views")
-
-    def __init__(self, kv: torch.Tensor) -> None:
-        self.kv = kv
-        self.length = 0
-        self._views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-
-    def layer_views(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per-layer key and value views [1, H, capacity, d] into kv, made once per allocation
-        (60 views a step are ~1 % of a 135M model's CPU step)."""
-        if self._views is None:
-            L = self.kv.shape[0]
-            self._views = ([self.kv[i, 0].unsqueeze(0) for i in range(L)],
-                           [self.kv[i, 1].unsqueeze(0) for i in range(L)])
-        return self._views
-
-    def reserve(self, needed: int, limit: int) -> None:
-        capacity = self.kv.shape[3]
-        if needed <= capacity:
-            return
-        new_cap = min(max(needed, 2 * capacity), max(limit, needed))
-        shape = list(self.kv.shape)
-        shape[3] = new_cap
-        grown = self.kv.new_zeros(shape)
-        grown[:, :, :, : self.length].copy_(self.kv[:, :, :, : self.length])
-        self.kv = grown
-        self._views = None
-
-
-def zero_padded(logits: torch.Tensor, hidden: dict[int, torch.Tensor], q_lens: torch.Tensor,
-                with_logits: bool = True) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Zero the right-padded positions (≥ q_lens[r]) of logits [R, q, V] (when ``with_logits``)
-    and of every hidden state [R, q, d]: a padded position carries no prediction."""
-    q = hidden[next(iter(hidden))].shape[1] if hidden else logits.shape[1]
-    pad = torch.arange(q)[None, :] >= q_lens[:, None]  # [R, q]
-    if bool(pad.any()):
-        pad = pad.to(logits.device)[..., None]
-        if with_logits:
-            logits = logits.masked_fill(pad, 0.0)
-        hidden = {k: h.masked_fill(pad, 0.0) for k, h in hidden.items()}
-    return logits, hidden
-
-
-def _keep_output(store: dict[int, torch.Tensor], key: int, module: Any, args: Any, output: Any) -> None:
-    """Forward hook: keep a module's output hidden state [R, q, d] under ``key``."""
-    store[key] = output[0] if isinstance(output, tuple) else output
-
-
-def _int_vector(name: str, value: Any, size: int) -> torch.Tensor:
-    t = torch.as_tensor(value)
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integers, got {t.dtype}")
-    if t.ndim != 1 or t.numel() != size:
-        raise ValueError(f"{name} must have shape [{size}] (one per request), got {tuple(t.shape)}")
-    return t.long().cpu()
+__all__ = ["HFTarget"]
 
 
 class HFTarget:
@@ -214,11 +99,12 @@ class HFTarget:
         self.num_layers = int(config.num_hidden_layers)
         self.max_context = int(config.max_position_embeddings)
         self._cache_arg = cache_kwarg(model)
-        self._requests: dict[Any, _Request] = {}
+        self._requests: dict[Any, RequestKV] = {}
         self._scratch = torch.empty(0)  # reused batch-cache buffer, see _scratch_view
         self.capture_layers: tuple[int, ...] = ()
         self.set_capture_layers(capture_layers)
-        self._probe_kv_layout()
+        self._device, self._kv_heads, self._head_dim, self._kv_dtype = probe_kv_layout(
+            model, self._cache_arg, self.num_layers)
 
     # ---------------------------------------------------------------- configuration
 
@@ -240,7 +126,7 @@ class HFTarget:
         """The modules whose outputs are HF's ``hidden_states[k + 1]``: decoder layer k, and for the
         last layer the final norm (HF reports the last hidden state after it). Capturing them with
         forward hooks costs nothing measurable; ``output_hidden_states`` collects every layer's
-        state (~2 % of a SmolLM2 bf16 step on CPU). None (fall back to it) when the model does not
+        state, a measurable share of a small model's step on a CPU). None (fall back to it) when the model does not
         have the usual ``layers`` / ``norm`` layout."""
         if not ids:
             return {}
@@ -249,40 +135,6 @@ class HFTarget:
         if layers is None or norm is None or len(layers) != self.num_layers:
             return None
         return {k: norm if k == self.num_layers - 1 else layers[k] for k in ids}
-
-    @torch.inference_mode()
-    def _probe_kv_layout(self) -> None:
-        """One 1-token forward to learn each layer's K/V shape; checks the cache is supported."""
-        from transformers import DynamicCache
-
-        try:
-            param = next(self.model.parameters())
-        except StopIteration:  # pragma: no cover - a model without parameters
-            raise ValueError("the model has no parameters") from None
-        self._device = param.device
-        cache = DynamicCache(config=self.model.config)
-        self.model(
-            input_ids=torch.zeros(1, 1, dtype=torch.long, device=self._device),
-            use_cache=True,
-            **{self._cache_arg: cache},
-        )
-        shapes = set()
-        for i, layer in enumerate(cache.layers):
-            if getattr(layer, "is_sliding", False) or type(layer).__name__ != "DynamicLayer":
-                raise NotImplementedError(
-                    f"HFTarget supports full-attention models with a plain DynamicCache; cache "
-                    f"layer {i} is a {type(layer).__name__}"
-                )
-            shapes.add((tuple(layer.keys.shape), tuple(layer.values.shape), layer.keys.dtype))
-        if len(cache.layers) != self.num_layers or len(shapes) != 1:
-            raise NotImplementedError(
-                "HFTarget needs one K/V layer per decoder layer, all of one shape; got "
-                f"{len(cache.layers)} layers with shapes {sorted(map(repr, shapes))}"
-            )
-        (k_shape, v_shape, dtype), = shapes
-        if k_shape != v_shape:
-            raise NotImplementedError(f"keys {k_shape} and values {v_shape} differ in shape")
-        self._kv_heads, self._head_dim, self._kv_dtype = k_shape[1], k_shape[3], dtype
 
     # ---------------------------------------------------------------- request bookkeeping
 
@@ -305,7 +157,7 @@ class HFTarget:
         if not self._requests:
             self._scratch = torch.empty(0)
 
-    def _get(self, request_id: Any) -> _Request:
+    def _get(self, request_id: Any) -> RequestKV:
         try:
             return self._requests[request_id]
         except (KeyError, TypeError):
@@ -313,19 +165,19 @@ class HFTarget:
                 f"unknown request id {request_id!r} (not prefilled, or already released)"
             ) from None
 
-    def _lookup(self, request_ids: Sequence[Any]) -> list[_Request]:
+    def _lookup(self, request_ids: Sequence[Any]) -> list[RequestKV]:
         ids = list(request_ids)
         if len(set(ids)) != len(ids):
             raise ValueError(f"request ids {ids} contain duplicates")
         return [self._get(rid) for rid in ids]
 
-    def _new_store(self, capacity: int) -> _Request:
-        capacity = min(max(capacity, _MIN_CAPACITY), self.max_context)
+    def _new_store(self, capacity: int) -> RequestKV:
+        capacity = min(max(capacity, MIN_CAPACITY), self.max_context)
         kv = torch.empty(
             self.num_layers, 2, self._kv_heads, capacity, self._head_dim,
             dtype=self._kv_dtype, device=self._device,
         )
-        return _Request(kv)
+        return RequestKV(kv)
 
     # ---------------------------------------------------------------- protocol
 
@@ -337,7 +189,7 @@ class HFTarget:
         Returns the logits (and captured hidden states) at the n_r − 1 cached prompt positions,
         right-padded: ``logits`` [R, max n_r − 1, V], ``lengths`` = n_r − 1. ``logits=False`` skips
         the LM head over the prompt (``logits`` [R, 0, V]): the engine needs only the cache and the
-        hidden states, and on a CPU the LM head over a 50-token prompt is ~20 % of its prefill.
+        hidden states, and on a CPU the LM head over a prompt is a sizeable share of its prefill.
         """
         want_logits = logits
         ids = list(request_ids)
@@ -366,7 +218,7 @@ class HFTarget:
                     f"prompt of request {rid!r} holds token ids outside [0, {self.vocab_size})"
                 )
             rows.append(p)
-        reqs = [self._new_store(p.numel() - 1 + _MIN_CAPACITY) for p in rows]
+        reqs = [self._new_store(p.numel() - 1 + MIN_CAPACITY) for p in rows]
         lengths = torch.tensor([p.numel() - 1 for p in rows], dtype=torch.long)  # [R]
         width = int(lengths.max()) if ids else 0
         run = [i for i, n in enumerate(lengths.tolist()) if n > 0]  # prompts longer than 1
@@ -413,7 +265,7 @@ class HFTarget:
         if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
             raise TypeError(f"tokens must hold token ids, got {tokens.dtype}")
         gamma = tokens.shape[1] - 1
-        ell = _int_vector("lengths", lengths, len(reqs))  # [R]
+        ell = int_vector("lengths", lengths, len(reqs))  # [R]
         if ell.numel() and (int(ell.min()) < 0 or int(ell.max()) > gamma):
             raise ValueError(f"lengths must lie in [0, γ={gamma}], got {ell.tolist()}")
         q_lens = ell + 1  # [R]
@@ -445,7 +297,7 @@ class HFTarget:
     def rollback(self, request_ids: Sequence[Any], keep: torch.Tensor) -> None:
         """Keep the first keep_r cached tokens of each request (anchor + accepted drafts)."""
         reqs = self._lookup(request_ids)
-        keep = _int_vector("keep", keep, len(reqs))  # [R]
+        keep = int_vector("keep", keep, len(reqs))  # [R]
         for rid, req, k in zip(request_ids, reqs, keep.tolist()):
             if not 0 <= k <= req.length:
                 raise ValueError(
@@ -470,9 +322,8 @@ class HFTarget:
             )
         return self._scratch[:numel].view(shape)
 
-
     def _forward(
-        self, reqs: list[_Request], tokens: torch.Tensor, q_lens: torch.Tensor, want_logits: bool = True
+        self, reqs: list[RequestKV], tokens: torch.Tensor, q_lens: torch.Tensor, want_logits: bool = True
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """One padded forward of ``tokens`` [R, q] (row r valid up to q_lens[r]) after each past.
 
@@ -491,22 +342,16 @@ class HFTarget:
             mask = None
         else:
             shape = (self.num_layers, 2, R, self._kv_heads, P + q, self._head_dim)
-            buf = self._scratch_view(shape)  # [L, 2, R, H, P + q, d]
-            for r, req in enumerate(reqs):
-                pad = P - req.length
-                if pad:
-                    buf[:, :, r, :, :pad].zero_()
-                if req.length:
-                    buf[:, :, r, :, pad:P].copy_(req.kv[:, :, :, : req.length])
+            buf = gather_padded_past(self._scratch_view(shape), reqs, P)  # [L, 2, R, H, P + q, d]
             keys = [buf[i, 0] for i in range(self.num_layers)]  # [R, H, P + q, d]
             values = [buf[i, 1] for i in range(self.num_layers)]
             slots = torch.arange(P + q)[None, :]  # [1, P + q]
             mask = ((slots >= P - past[:, None]) & (slots < P + q_lens[:, None])).long()  # [R, P + q]
             mask = mask.to(dev)
-        cache = _batch_cache(keys, values, P)
+        cache = batch_cache(keys, values, P)
         position_ids = (past[:, None] + torch.arange(q)[None, :]).to(dev)  # [R, q]
         caught: dict[int, torch.Tensor] = {}
-        hooks = [m.register_forward_hook(functools.partial(_keep_output, caught, k))
+        hooks = [m.register_forward_hook(functools.partial(keep_output, caught, k))
                  for k, m in (self._capture_modules or {}).items()]
         try:
             out = self.model(
@@ -524,10 +369,7 @@ class HFTarget:
         if R == 1:
             reqs[0].length += int(q_lens[0])
         else:
-            for r, (req, n) in enumerate(zip(reqs, q_lens.tolist())):
-                req.reserve(req.length + n, self.max_context)
-                req.kv[:, :, :, req.length : req.length + n].copy_(buf[:, :, r, :, P : P + n])
-                req.length += n
+            append_new_kv(buf, reqs, q_lens, P, self.max_context)
         logits = out.logits if want_logits else out.logits[:, :0]  # [R, q, V] (or [R, 0, V])
         hidden = ({k: caught[k] for k in self.capture_layers} if self._capture_modules is not None
                   else {k: out.hidden_states[k + 1] for k in self.capture_layers})  # {k: [R, q, d]}

@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from dspark.drafters.config import default_layer_ids
 from dspark.fast import FastTarget, build_target
-from dspark.hf_target import HFTarget, default_layer_ids
+from dspark.hf_target import HFTarget
 from dspark.models import SMOLLM2, load_causal_lm
 from dspark.options import STEP_PATHS
 

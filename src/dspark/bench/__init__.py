@@ -1,10 +1,11 @@
 """Serving benchmarks: throughput vs concurrency per scheduler, measured and simulated.
 
-``dspark bench`` (:mod:`dspark.bench.run`, the CLI in :mod:`dspark.bench.cli`) runs a workload through :class:`dspark.Engine` at each
+``dspark bench`` (:mod:`dspark.bench.run`) runs a workload through :class:`dspark.Engine` at each
 concurrency level (:mod:`dspark.bench.runner`), or replays recorded acceptance traces against a
-cost model (:mod:`dspark.bench.simulate`); both produce :class:`LevelRun` records summarised by
-the same code (:mod:`dspark.bench.records`) and reported as JSON, Markdown and PNG
-(:mod:`dspark.bench.report`).
+cost model (:mod:`dspark.bench.simulate`, priced by :mod:`dspark.bench.costs`); both produce
+:class:`LevelRun` records summarised by the same code (:mod:`dspark.bench.records`) and reported
+as JSON, Markdown and PNG (:mod:`dspark.bench.report`). The draft gate's prior for a benchmark
+comes from :mod:`dspark.bench.prior`.
 """
 
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord, summarise_run

@@ -1,5 +1,5 @@
 """The draft gate's prior for a benchmark: what drafting costs and wins on this machine and workload
-before any gated round ran (:class:`dspark.gating.GatePrior`).
+before any gated round ran (:class:`dspark.gate_forecast.GatePrior`).
 
 * survival s_j = P(accepted ≥ j): from rounds recorded with every position verified (the same
   traces the simulator replays and ``dspark interop`` turns into vLLM / TensorRT-LLM tables);
@@ -8,9 +8,9 @@ before any gated round ran (:class:`dspark.gating.GatePrior`).
   drafted rounds' median less the plain rounds' (the first round of each pass, which ingests the
   prompts, is left out). The passes alternate (plain, drafted, plain, drafted, …) so that a shared
   machine's drift reaches both sides (one short pass each can under-measure the overhead many
-  times over on a VM whose speed wanders; docs/reports/2026-12-04-gate-and-start-up.md). Each round is taken on the cost model's clock, as the gate takes its
-  own rounds (``DraftGate.speed_normalised``): its seconds divided by φ = its verification step's
-  seconds / the model's t(B) + α(R). The overhead is then in the profile's seconds, the unit of the
+  times over on a machine whose speed wanders). Each round is taken on the cost model's clock, as
+  the gate takes its own rounds (``DraftGate.speed_normalised``): its seconds divided by φ = its
+  verification step's seconds / the model's t(B) + α(R). The overhead is then in the profile's seconds, the unit of the
   forecast's t(B), even when the machine ran at another speed while the profile was taken (a
   wall-clock overhead read against a profile taken at another speed can forecast a loss where
   drafting pays).
@@ -20,18 +20,20 @@ A serving engine's operator would time these once per deployment, as for the Ten
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["measure_draft_overhead"]
+__all__ = ["bench_gate_prior", "measure_draft_overhead"]
 
 
 def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: int, cost_model_at: Any) -> list[float]:
     """Seconds beyond the cost model's t(B) + α(R) of rounds 2..``rounds`` of R requests, on the
     cost model's clock (each round's seconds / φ, φ = its verification seconds / t(B) + α(R))."""
     from dspark.cost_models import round_seconds
-    from dspark.gating import speed_factor
+    from dspark.gate_forecast import speed_factor
     from dspark.types import SamplingParams
 
     for i in range(num_requests):
@@ -81,3 +83,30 @@ def measure_draft_overhead(target: Any, drafter: Any, ids: Sequence[Any], num_re
         if plain and drafted:
             out[R] = max(statistics.median(drafted) - statistics.median(plain), 0.0)
     return out
+
+
+def bench_gate_prior(opts: Any, out: Path, gated: list[str], traces: Any, target: Any, drafter: Any,
+                     ids: list[Any], cost: Any, calibrator: Any) -> Any:
+    """The gated entries' :class:`~dspark.gate_forecast.GatePrior`: ``--gate-prior measure`` (survival
+    from the traces, overheads timed at each level, cached in OUT/gate_prior.json), a JSON path, or
+    ``none``."""
+    from dspark.gate_forecast import GatePrior
+
+    if not gated or opts.gate_prior == "none":
+        return None
+    path = out / "gate_prior.json" if opts.gate_prior == "measure" else Path(opts.gate_prior)
+    if path.is_file() and (opts.gate_prior != "measure" or not opts.fresh):
+        try:
+            return GatePrior.from_dict(json.loads(path.read_text()))
+        except (ValueError, json.JSONDecodeError) as e:
+            raise ValueError(f"bad gate prior {path}: {e}") from None
+    if opts.gate_prior != "measure":
+        raise ValueError(f"--gate-prior: no such file {path} (give 'measure', 'none' or a JSON path)")
+    from dspark.evaluation.rounds import save_json
+    from dspark.interop import survival_from_rounds
+
+    overhead = measure_draft_overhead(target, drafter, ids, [max(c, 1) for c in opts.concurrency], cost,
+                                      calibrator, progress=not opts.quiet)
+    prior = GatePrior(survival_from_rounds(traces()), overhead)
+    save_json(prior.to_dict(), path)
+    return prior

@@ -13,16 +13,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attrs import field, frozen, validators
+from attrs import frozen, validators
 
 from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.options import (
+    DEVICE_HELP,
+    STEP_HELP,
     STEP_PATHS,
+    TARGET_HELP,
     NamespaceOptions,
     at_least,
     existing_device,
     ints,
-    one_of,
+    option,
     optional_ints,
     optional_path,
     path,
@@ -30,7 +33,7 @@ from dspark.options import (
     strings,
 )
 
-__all__ = ["BenchOptions", "BenchResult", "build_engine", "default_schedulers", "replot_bench", "run_bench"]
+__all__ = ["BenchOptions", "BenchResult", "replot_bench", "run_bench"]
 
 
 def _levels(_inst: Any, a: Any, v: tuple[int, ...] | None) -> None:
@@ -52,46 +55,84 @@ def _target_shape_name(_inst: Any, a: Any, v: str | None) -> None:
 @frozen
 class BenchOptions(NamespaceOptions):
     """What ``dspark bench`` serves and reports (defaults: the command line's; docs/cli.md explains
-    each). ``schedulers`` None: plain, fixed:k=1, fixed:k=γ, threshold, sps-greedy; ``gate``
+    each, :func:`dspark.options.option`). ``schedulers`` None: plain, fixed:k=1, fixed:k=γ, threshold, sps-greedy; ``gate``
     None: sps-greedy gated (``("none",)``: no gate)."""
 
-    out: str = field(default="out/bench", converter=path)
-    model: str = field(default="smollm2-135m", converter=path)
-    dtype: str = field(default="bfloat16", validator=one_of("float32", "bfloat16"))
-    step: str = field(default="packed", validator=one_of(*STEP_PATHS))
-    drafter: str = field(default=DEFAULT_DRAFTER, converter=path)
-    calibration: str | None = field(default=None, converter=optional_path)
-    prompts: str | None = field(default=None, converter=optional_path)
-    per_domain: int = field(default=8, validator=at_least(1))
-    concurrency: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32, 64), converter=ints, validator=_levels)
-    requests_per_level: int = field(default=0, validator=at_least(0))
-    min_requests: int = field(default=8, validator=at_least(1))
-    arrival: str = field(default="closed", validator=one_of("closed", "poisson"))
-    rate: float | None = None
-    schedulers: tuple[str, ...] | None = field(default=None, converter=_optional_strings)
-    gate: tuple[str, ...] | None = field(default=None, converter=_optional_strings)
-    gate_prior: str = field(default="measure", converter=path)
-    max_new_tokens: int = field(default=64, validator=at_least(1))
-    temperature: float = field(default=0.0, validator=at_least(0, integer=False))
-    repeats: int = field(default=3, validator=at_least(1))
-    interleave: bool = False
-    profile: str | None = field(default=None, converter=optional_path)
-    profile_context: int = field(default=0, validator=at_least(0))
-    profile_repeats: int = field(default=5, validator=at_least(1))
-    mode: str = field(default="measure", validator=one_of("measure", "simulate", "both"))
-    traces: str | None = field(default=None, converter=optional_path)
-    sim_cost_model: str = field(default="profile", validator=one_of("profile", "h200", "h100", "a100"))
-    sim_params: float = field(default=135e6, validator=at_least(0, integer=False, strict=True))
-    sim_target: str | None = field(default=None, validator=_target_shape_name)
-    sim_launch_overhead_ms: float = field(default=0.0, validator=at_least(0, integer=False))
-    sim_draft_fraction: float = field(default=1 / 30, validator=at_least(0, integer=False))
-    sim_concurrency: tuple[int, ...] | None = field(default=None, converter=optional_ints, validator=_levels)
-    time_model: str | None = field(default=None, converter=optional_path)
-    threads: int | None = field(default=None, validator=validators.optional(at_least(1)))
-    device: str = field(default="cpu", validator=existing_device)
-    seed: int = 0
-    fresh: bool = False
-    quiet: bool = False
+    out: str = option("out/bench", converter=path,
+                      help="folder: bench.json, bench.md, bench.png, profile.json, runs/")
+    model: str = option("smollm2-135m", converter=path, flag="--target", help=TARGET_HELP)
+    dtype: str = option("bfloat16", choices=("float32", "bfloat16"), help="the target's dtype")
+    step: str = option("packed", choices=STEP_PATHS, help=STEP_HELP)
+    drafter: str = option(DEFAULT_DRAFTER, converter=path, metavar="NAME|DIR",
+                          help="[LABEL=]NAME|DIR: a shipped drafter's name or a checkpoint folder (its "
+                          "calibration.json is used; NAME:vocab=K: cut to its K most frequent tokens, "
+                          "docs/drafters-and-training.md)")
+    calibration: str | None = option(None, converter=optional_path,
+                                     help="calibrator JSON overriding the drafter's calibration.json")
+    prompts: str | None = option(None, converter=optional_path,
+                                 help="prompts JSONL {prompt, domain?} (default: the shipped held-out prompts)")
+    per_domain: int = option(8, validator=at_least(1), help="prompts per domain (cycled over the requests)")
+    concurrency: tuple[int, ...] = option((1, 2, 4, 8, 16, 32, 64), converter=ints, validator=_levels,
+                                          help="levels, e.g. 1,4,16,64")
+    requests_per_level: int = option(0, validator=at_least(0),
+                                     help="requests per level (default: max(2c, --min-requests))")
+    min_requests: int = option(8, validator=at_least(1), help="fewest requests a level serves")
+    arrival: str = option("closed", choices=("closed", "poisson"),
+                          help="closed loop of c users, or Poisson arrivals at --rate with at most c active")
+    rate: float | None = option(None, help="requests per second (poisson)")
+    schedulers: tuple[str, ...] | None = option(
+        None, converter=_optional_strings, flag="--scheduler",
+        help="NAME[:KEY=VALUE,...], repeatable, e.g. --scheduler fixed:k=1 --scheduler my-plugin; 'plain' is the "
+        "no-drafter baseline (default: plain, fixed:k=1, fixed:k=γ, threshold, sps-greedy); an entry given twice "
+        "runs twice (the second labelled NAME#2: an A/A control of the noise floor)")
+    gate: tuple[str, ...] | None = option(
+        None, converter=_optional_strings,
+        help="scheduler entry run with the draft gate, repeatable (default: sps-greedy; 'none': no gate)")
+    gate_prior: str = option("measure", converter=path,
+                             help="what the draft gate assumes before it has measured: 'measure' (acceptance from the "
+                             "traces, drafting overhead timed at each level; cached in OUT/gate_prior.json), a JSON "
+                             "path, or 'none'")
+    max_new_tokens: int = option(64, validator=at_least(1), help="tokens generated per request")
+    temperature: float = option(0.0, validator=at_least(0, integer=False), help="sampling temperature (0: greedy)")
+    repeats: int = option(3, validator=at_least(1),
+                          help="measured repeats (medians reported, order balanced by a Williams design)")
+    interleave: bool = option(False, help="run a level's schedulers side by side, one round of each in turn, each "
+                              "timed on its own rounds only (a drift of the machine's speed lands on all alike; "
+                              "sequential runs each see another minute)")
+    profile: str | None = option(None, converter=optional_path,
+                                 help="sps-table profile JSON (default: measured into OUT/profile.json)")
+    profile_context: int = option(0, validator=at_least(0),
+                                  help="KV length for the measured profile (default: the workload's mean prompt length "
+                                  "+ half of --max-new-tokens, the mean context a request verifies over)")
+    profile_repeats: int = option(5, validator=at_least(1), help="timed sweeps over the profile shapes (median kept)")
+    mode: str = option("measure", choices=("measure", "simulate", "both"),
+                       help="measure on this machine, simulate from traces, or both (with an agreement table)")
+    traces: str | None = option(None, converter=optional_path,
+                                help="acceptance traces: a rounds JSON from dspark eval (OUT/rounds/*.json) or calibrate "
+                                "(default: recorded into OUT/traces.json with every position verified)")
+    sim_cost_model: str = option("profile", choices=("profile", "h200", "h100", "a100"),
+                                 help="simulation step times: the measured profile, or a GPU roofline preset")
+    sim_params: float = option(135e6, validator=at_least(0, integer=False, strict=True),
+                               help="target parameters for a roofline preset")
+    sim_target: str | None = option(None, validator=_target_shape_name,
+                                    help="roofline presets: a target shape (smollm2-135m, llama-3.1-8b, qwen3-8b, "
+                                    "llama-3.1-70b) whose parameters and KV bytes per token set the step time, each step "
+                                    "reading R · context · KV bytes (overrides --sim-params)")
+    sim_launch_overhead_ms: float = option(0.0, validator=at_least(0, integer=False),
+                                           help="per-step overhead for a roofline preset")
+    sim_draft_fraction: float = option(1 / 30, validator=at_least(0, integer=False),
+                                       help="roofline presets: drafting time as a fraction of a full block's "
+                                       "verification step")
+    sim_concurrency: tuple[int, ...] | None = option(None, converter=optional_ints, validator=_levels,
+                                                     help="simulated levels (default: --concurrency)")
+    time_model: str | None = option(None, converter=optional_path,
+                                    help="bench.json of a measured run whose fitted time model to reuse")
+    threads: int | None = option(None, validator=validators.optional(at_least(1)),
+                                 help="torch threads (default: torch's)")
+    device: str = option("cpu", validator=existing_device, help=DEVICE_HELP)
+    seed: int = option(0, help="random seed")
+    fresh: bool = option(False, help="redo runs already recorded under OUT")
+    quiet: bool = False  # the global -q
 
     def __attrs_post_init__(self) -> None:
         if self.arrival == "poisson" and not (self.rate and self.rate > 0):
@@ -119,123 +160,19 @@ class BenchResult:
         return self.result["rows"]
 
 
-def default_schedulers(gamma: int) -> list[str]:
-    return ["plain", "fixed:k=1", f"fixed:k={gamma}", "threshold", "sps-greedy"]
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
-
-
-def build_engine(target: Any, drafter: Any, spec: Any, cost_model: Any, calibrator: Any, gate: bool,
-                 seed: int = 0, prior: Any = None) -> Any:
-    """An engine for one benchmark entry; ``plain`` has no drafter (and captures no features);
-    gated entries' draft gate starts from ``prior`` (a :class:`dspark.gating.GatePrior` or None)."""
-    import dspark
-    from dspark.engine import Engine
-    from dspark.gating import DraftGate
-
-    if spec.plain:
-        return Engine(target, None, cost_model=cost_model, seed=seed)
-    scheduler = dspark.get_scheduler(spec.name, **spec.config)
-    return Engine(target, drafter, scheduler=scheduler, cost_model=cost_model, calibrator=calibrator or "identity",
-                  draft_gate=DraftGate(prior=prior) if gate else None, seed=seed)
-
-
-def _check_lossless(specs: list[Any]) -> None:
-    from dspark.bench.runner import build_lossless
-
-    for s in specs:
-        if not s.plain:
-            build_lossless(s, "the benchmark serves real requests")
 
 
 def _requests_at(args: Any, c: int) -> int:
     return args.requests_per_level or max(2 * c, args.min_requests)
 
 
-def _measure_profile(target: Any, args: Any, gamma: int, path: Path, context: int,
-                     span: tuple[int, int] | None = None) -> Any:
-    from dspark.cost_models import SPSProfile
-    from dspark.profiling import device_name, profile_from_shapes, save_shapes, time_shapes
-
-    if path.is_file() and not args.fresh:
-        return SPSProfile.from_json(path)
-    widths = sorted({1, 2, 4, gamma + 1})
-    # Powers of two up to the largest level as well: they link every R through shared B = R·(1+ℓ),
-    # which the additive fit of α(R) + θ(B) needs.
-    top = max(args.concurrency)
-    requests = sorted(set(args.concurrency) | {1 << k for k in range(top.bit_length()) if 1 << k <= top})
-    times = time_shapes(target, requests, widths, [context],
-                        repeats=args.profile_repeats, progress=not args.quiet)
-    # The workload's requests verify over contexts from their prompt to prompt + max_new_tokens:
-    # time the same shapes at both ends too, so the profile holds a curve and an α(R) per context
-    # and the engine and the simulator read each round's step time at its own context.
-    others = sorted({c for c in span or () if c != context and 0 < c < target.max_context - gamma - 2})
-    if others:
-        times.update(time_shapes(target, requests, widths, others,
-                                 repeats=args.profile_repeats, progress=not args.quiet))
-    profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
-                                  repeats=args.profile_repeats, source="dspark bench")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    profile.to_json(path)
-    save_shapes(times, path.with_suffix(".shapes.json"))
-    return profile
-
-
-def _gate_prior(opts: Any, out: Path, gated: list[str], traces: Any, target: Any, drafter: Any,
-                ids: list[Any], cost: Any, calibrator: Any) -> Any:
-    """The gated entries' :class:`~dspark.gating.GatePrior`: ``--gate-prior measure`` (survival
-    from the traces, overheads timed at each level, cached in OUT/gate_prior.json), a JSON path, or
-    ``none``."""
-    from dspark.gating import GatePrior
-
-    if not gated or opts.gate_prior == "none":
-        return None
-    path = out / "gate_prior.json" if opts.gate_prior == "measure" else Path(opts.gate_prior)
-    if path.is_file() and (opts.gate_prior != "measure" or not opts.fresh):
-        try:
-            return GatePrior.from_dict(json.loads(path.read_text()))
-        except (ValueError, json.JSONDecodeError) as e:
-            raise ValueError(f"bad gate prior {path}: {e}") from None
-    if opts.gate_prior != "measure":
-        raise ValueError(f"--gate-prior: no such file {path} (give 'measure', 'none' or a JSON path)")
-    from dspark.bench.prior import measure_draft_overhead
-    from dspark.evaluation import save_json
-    from dspark.interop import survival_from_rounds
-
-    overhead = measure_draft_overhead(target, drafter, ids, [max(c, 1) for c in opts.concurrency], cost,
-                                      calibrator, progress=not opts.quiet)
-    prior = GatePrior(survival_from_rounds(traces()), overhead)
-    save_json(prior.to_dict(), path)
-    return prior
-
-
-def _sim_cost_model(args: Any, measured: Any) -> tuple[Any, str]:
-    import dspark
-
-    if args.sim_cost_model == "profile":
-        return measured, "the measured profile"
-    overhead = args.sim_launch_overhead_ms / 1e3
-    target = getattr(args, "sim_target", None)
-    if target:  # the shape's parameters and KV bytes per token; --sim-params is ignored
-        cm = dspark.get_cost_model("roofline", gpu=args.sim_cost_model, target=target,
-                                   launch_overhead_s=overhead, accounting="packed")
-        return cm, (f"roofline {args.sim_cost_model} for {target} ({cm.num_params:.3g} params, "
-                    f"{cm.kv_bytes_per_token:.0f} KV bytes per token of context, each step reading "
-                    f"R · context · KV bytes; --sim-params ignored; "
-                    f"{args.sim_launch_overhead_ms} ms launch overhead, packed)")
-    cm = dspark.get_cost_model("roofline", gpu=args.sim_cost_model, num_params=args.sim_params,
-                               launch_overhead_s=overhead, accounting="packed")
-    return cm, (f"roofline {args.sim_cost_model} ({args.sim_params:.3g} params, "
-                f"{args.sim_launch_overhead_ms} ms launch overhead, packed)")
-
-
 def replot_bench(out: str | Path) -> Path:
     """Redraw ``bench.png`` and ``bench.md`` of a finished run from ``out/bench.json`` (its ratios
     recomputed from the recorded runs, so an older file gets today's tables); the PNG's path."""
     from dspark.bench.report import bench_markdown, plot_bench, ratios, replica_ratios
-    from dspark.evaluation import save_json
+    from dspark.evaluation.rounds import save_json
 
     out = Path(out)
     result = json.loads((out / "bench.json").read_text())
@@ -257,6 +194,8 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     from tqdm import tqdm
 
     import dspark
+    from dspark.bench.costs import measure_profile, simulation_cost_model
+    from dspark.bench.prior import bench_gate_prior
     from dspark.bench.records import LevelRun, summarise_run
     from dspark.bench.report import (
         aggregate,
@@ -267,6 +206,9 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         replica_ratios,
     )
     from dspark.bench.runner import (
+        build_engine,
+        check_lossless,
+        default_schedulers,
         parse_scheduler_specs,
         run_level,
         run_level_interleaved,
@@ -275,8 +217,9 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     from dspark.bench.simulate import TimeModel, fit_time_model, simulate_level, traces_from_rounds
     from dspark.data.prompts import prompt_request
     from dspark.engine import encode_prompt
-    from dspark.evaluation import Rounds, collect_rounds, save_json
-    from dspark.evaluation_runs import eval_prompts, load_drafter_spec
+    from dspark.evaluation.drafter_specs import load_drafter_spec
+    from dspark.evaluation.inputs import eval_prompts
+    from dspark.evaluation.rounds import Rounds, collect_rounds, save_json
     from dspark.gating import DraftGate
     from dspark.profiling import device_name
     from dspark.targets import load_target
@@ -285,7 +228,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     opts = resolve_options(BenchOptions, options, overrides)
     out = Path(opts.out)
     specs = parse_scheduler_specs(opts.schedulers or ())
-    _check_lossless(specs)  # an unknown or lossy scheduler fails before the model loads
+    check_lossless(specs)  # an unknown or lossy scheduler fails before the model loads
     if opts.threads:
         torch.set_num_threads(opts.threads)
     target = load_target(opts.model, getattr(torch, opts.dtype), device=opts.device, path=opts.step)
@@ -297,18 +240,18 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     gamma = drafter.gamma
     if not specs:
         specs = parse_scheduler_specs(default_schedulers(gamma))
-        _check_lossless(specs)
+        check_lossless(specs)
     gate = ["sps-greedy"] if opts.gate is None else [g for g in opts.gate if g != "none"]
     gated = [s.label for s in specs if not s.plain and (s.label in gate or s.name in gate)]
     prompts = eval_prompts(opts.prompts, opts.per_domain)
     ids = [encode_prompt(getattr(target, "tokenizer", None), prompt_request(p)) for p in prompts]
     sampling = SamplingParams.greedy() if opts.temperature == 0 else SamplingParams.random(opts.temperature)
-    # Verification cost grows with the KV length (on this CPU a 64-request step costs 1.6× at 128
-    # tokens of context than at 64): profile at the workload's mean context unless told otherwise.
+    # Verification cost grows with the KV length: profile at the workload's mean context unless
+    # told otherwise.
     mean_prompt = sum(len(x) for x in ids) / len(ids)
     context = opts.profile_context or round(mean_prompt + opts.max_new_tokens / 2)
     profile = (dspark.cost_models.SPSProfile.from_json(opts.profile) if opts.profile
-               else _measure_profile(target, opts, gamma, out / "profile.json", context,
+               else measure_profile(target, opts, gamma, out / "profile.json", context,
                                      (round(mean_prompt), round(mean_prompt + opts.max_new_tokens))))
     cost = dspark.get_cost_model("sps-table", profile=profile)
     trace_path = Path(opts.traces) if opts.traces else out / "traces.json"
@@ -324,7 +267,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
             save_json(rounds.to_dict(), trace_path)
         return rounds
 
-    prior = (_gate_prior(opts, out, gated, traces_recorded, target, drafter, ids, cost, calibrator)
+    prior = (bench_gate_prior(opts, out, gated, traces_recorded, target, drafter, ids, cost, calibrator)
              if opts.mode != "simulate" else None)
     summaries, runs = [], []
     if opts.mode in ("measure", "both"):
@@ -365,7 +308,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     sim_desc, time_model = None, None
     if opts.mode in ("simulate", "both"):
         traces = traces_from_rounds(traces_recorded(), opts.max_new_tokens, [len(x) for x in ids])
-        sim_cost, sim_desc = _sim_cost_model(opts, cost)
+        sim_cost, sim_desc = simulation_cost_model(opts, cost)
         if runs and opts.sim_cost_model == "profile":
             time_model = fit_time_model(runs, cost)
         elif opts.time_model:
@@ -376,7 +319,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         # the simulated gate's prior: the same survival, the overheads of the simulator's own time model
         sim_prior = None
         if gated and opts.gate_prior != "none":
-            from dspark.gating import GatePrior
+            from dspark.gate_forecast import GatePrior
             from dspark.interop import survival_from_rounds
 
             sim_prior = GatePrior(survival_from_rounds(traces_recorded()), {

@@ -19,8 +19,8 @@ from attrs import frozen
 
 from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 
-__all__ = ["ARRIVALS", "REPLICA", "SchedulerSpec", "arrival_times", "parse_scheduler_spec", "parse_scheduler_specs",
-           "replica_of", "run_level", "run_level_interleaved", "run_order"]
+__all__ = ["ARRIVALS", "REPLICA", "SchedulerSpec", "arrival_times", "build_engine", "check_lossless", "default_schedulers",
+           "parse_scheduler_spec", "parse_scheduler_specs", "replica_of", "run_level", "run_level_interleaved", "run_order"]
 
 ARRIVALS = ("closed", "poisson")
 REPLICA = "#"  # an entry listed again runs again as a replica: "plain", "plain#2", ...
@@ -101,14 +101,41 @@ def build_lossless(spec: SchedulerSpec, why: str) -> Any:
     return scheduler
 
 
+def default_schedulers(gamma: int) -> list[str]:
+    """The entries ``dspark bench`` compares when none are given, for drafters of γ = ``gamma``."""
+    return ["plain", "fixed:k=1", f"fixed:k={gamma}", "threshold", "sps-greedy"]
+
+
+def build_engine(target: Any, drafter: Any, spec: Any, cost_model: Any, calibrator: Any, gate: bool,
+                 seed: int = 0, prior: Any = None) -> Any:
+    """An engine for one benchmark entry; ``plain`` has no drafter (and captures no features);
+    gated entries' draft gate starts from ``prior`` (a :class:`dspark.gate_forecast.GatePrior` or None)."""
+    import dspark
+    from dspark.engine import Engine
+    from dspark.gating import DraftGate
+
+    if spec.plain:
+        return Engine(target, None, cost_model=cost_model, seed=seed)
+    scheduler = dspark.get_scheduler(spec.name, **spec.config)
+    return Engine(target, drafter, scheduler=scheduler, cost_model=cost_model, calibrator=calibrator or "identity",
+                  draft_gate=DraftGate(prior=prior) if gate else None, seed=seed)
+
+
+def check_lossless(specs: list[SchedulerSpec]) -> None:
+    """A ValueError before any model loads for a scheduler the benchmark must not serve (lossy)."""
+    for s in specs:
+        if not s.plain:
+            build_lossless(s, "the benchmark serves real requests")
+
+
 def run_order(n: int, repeat: int) -> list[int]:
     """The order in which repeat ``repeat`` runs n schedulers: a row of a Williams design. For even
     n, over n repeats each scheduler runs once at every position (fair under slow drift, as a
     rotation is) and directly after every other scheduler exactly once; for odd n the same holds
     over 2n repeats (each row followed by its mirror image). A rotation keeps each scheduler's
     predecessor fixed, so whatever a run leaves behind (a heavy drafting run's heap, a warm cache)
-    would bias the same ratio in every repeat: in bench32 sps-greedy ran right after threshold (the
-    largest verification batches) in all three repeats (docs/reports/2026-12-03-bench-c64.md)."""
+    would bias the same ratio in every repeat (one scheduler always running right after the one
+    with the largest verification batches, say)."""
     if n < 1:
         raise ValueError(f"need at least one scheduler, got {n}")
     # 0, 1, n-1, 2, n-2, ...: consecutive differences all distinct mod n (even n)

@@ -30,7 +30,8 @@ from dspark.bench.records import LevelRun, RequestRecord, RoundRecord
 from dspark.bench.runner import SchedulerSpec, arrival_times
 from dspark.cost_models import round_seconds
 from dspark.cost_models.context import ContextBinding
-from dspark.gating import batch_bucket
+from dspark.gate_forecast import batch_bucket
+from dspark.gating import ObservedRound
 from dspark.schedulers import build_schedule, with_sunk_seconds
 
 __all__ = ["Trace", "TimeModel", "traces_from_rounds", "fit_time_model", "simulate_level"]
@@ -49,7 +50,7 @@ class Trace:
 
 def traces_from_rounds(rounds: Any, max_new_tokens: int | None = None,
                        prompt_tokens: Sequence[int] | None = None) -> list[Trace]:
-    """Split a :class:`dspark.evaluation.Rounds` record into per-prompt traces (round order kept);
+    """Split a :class:`dspark.evaluation.rounds.Rounds` record into per-prompt traces (round order kept);
     ``prompt_tokens[p]`` is prompt p's length (the start of its KV context; default 64)."""
     by_prompt: dict[int, list[int]] = {}
     for i, p in enumerate(rounds.prompt):
@@ -100,9 +101,8 @@ class TimeModel:
     # rounds had that shape: the profile's t(B) + α(R) is off by different factors at different shapes
     shape_scales: dict[str, float] = field(factory=dict)
     # median drafting seconds at each R measured often enough: a CPU drafter's time is not affine
-    # in R (12.6 ms at R = 1, 27 at 8, 266 at 64 on the 2-core VM; the line through them says 10,
-    # 37.5 and 258, which put the simulation of fixed:k=7 17 % too fast at c = 1 and too slow at 8)
-    # (kept in order of R, which draft_seconds reads in every simulated round)
+    # in R, and a line through the measured points would put the simulation too fast at some R and
+    # too slow at others (kept in order of R, which draft_seconds reads in every simulated round)
     draft_by_requests: dict[int, float] = field(
         factory=dict, converter=lambda d: {int(k): float(v) for k, v in sorted(d.items(), key=lambda kv: int(kv[0]))})
 
@@ -262,11 +262,12 @@ def simulate_level(
                                   int(accepted.sum()), drafted, draft_s, target_s, context))
         clock += seconds
         if draft_gate is not None:
-            draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cm,
-                               draft_seconds=draft_s if drafted else None, gamma=gamma if drafted else 0,
-                               expected=float(plan.expected_tokens) if drafted else None,
-                               lengths=lengths if drafted else None, accepted=accepted if drafted else None,
-                               survival=torch.cumprod(calibrated, dim=1) if drafted else None)
+            draft_gate.observe_round(ObservedRound(
+                R, drafted, R + int(accepted.sum()), seconds,
+                draft_seconds=draft_s if drafted else None, gamma=gamma if drafted else 0,
+                expected=float(plan.expected_tokens) if drafted else None,
+                lengths=lengths if drafted else None, accepted=accepted if drafted else None,
+                survival=torch.cumprod(calibrated, dim=1) if drafted else None), cm)
         still = []
         for q, acc in zip(active, accepted.tolist()):
             rec = q.record

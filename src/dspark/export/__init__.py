@@ -1,7 +1,7 @@
 """ONNX / TensorRT export of neural drafters, and drafters that run the exported graphs.
 
-    python -m dspark.export CHECKPOINT --onnx OUT_DIR [--target smollm2-135m] [--validate]
-    python -m dspark.export CHECKPOINT --trt OUT_DIR [--fp16 | --bf16] [--batch 1,8,64] ...
+    python -m dspark.export --drafter CHECKPOINT --out OUT_DIR [--target smollm2-135m] [--validate]
+    python -m dspark.export --drafter CHECKPOINT --out OUT_DIR --trt [--fp16 | --bf16] [--batch 1,8,64] ...
 
     from dspark.export import OrtDrafter
     drafter = OrtDrafter.from_dir(OUT_DIR)     # a dspark.protocols.Drafter
@@ -33,8 +33,8 @@ __all__ = [
 _LAZY = {
     "export_onnx": ("dspark.export.exporter", "export_onnx"),
     "OrtDrafter": ("dspark.export.ort", "OrtDrafter"),
-    "TensorRTDrafter": ("dspark.export.tensorrt_backend", "TensorRTDrafter"),
-    "build_engines": ("dspark.export.tensorrt_backend", "build_engines"),
+    "TensorRTDrafter": ("dspark.export.tensorrt.runtime", "TensorRTDrafter"),
+    "build_engines": ("dspark.export.tensorrt.build", "build_engines"),
     "compare_drafters": ("dspark.export.validate", "compare_drafters"),
 }
 

@@ -7,12 +7,7 @@ checked with ``onnx.checker`` and hashed. Graphs whose weights would pass the 2 
 next to them, which ONNX Runtime and TensorRT's parser pick up by themselves.
 
 Reduced-precision variants (``precisions=("fp16",)`` → ``<graph>.fp16.onnx``, likewise bf16) are
-what a *strongly typed* TensorRT network is built from (TensorRT 11 has no other way to fp16):
-the graph module is traced with its weights and activations in fp16/bf16 behind fp32 I/O (Casts
-at the inputs and outputs, so the manifest's I/O tables and the runtime do not change), and
-RMSNorm's mean of squares stays fp32 through the explicit Casts ``dspark.drafters.layers.RMSNorm``
-traces (x.float() … .to(x.dtype)). Every Softmax is wrapped in Casts to fp32 too. Real target
-features reach |x| ≈ 2.5e4, whose square overflows fp16 (max 65504).
+traced by :mod:`dspark.export.reduced_precision`.
 """
 
 from __future__ import annotations
@@ -43,13 +38,18 @@ from dspark.export.manifest import (
     versions,
     write_manifest,
 )
+from dspark.export.reduced_precision import (
+    REDUCED_PRECISIONS,
+    ReducedPrecisionGraph,
+    norm_scopes,
+    softmax_in_fp32,
+    variant_file,
+)
 
-__all__ = ["DEFAULT_OPSET", "REDUCED_PRECISIONS", "export_onnx", "prepare_out_dir", "variant_file"]
+__all__ = ["DEFAULT_OPSET", "export_onnx", "prepare_out_dir"]
 
 DEFAULT_OPSET = 17
-REDUCED_PRECISIONS = {"fp16": torch.float16, "bf16": torch.bfloat16}
-_ONNX_FLOAT, _ONNX_LOW = 1, {"fp16": 10, "bf16": 16}  # onnx.TensorProto.FLOAT / FLOAT16 / BFLOAT16
-CALIBRATION_FILE = "calibration.json"  # a checkpoint folder's calibrator (dspark.evaluation_runs.calibrator_beside)
+CALIBRATION_FILE = "calibration.json"  # a checkpoint folder's calibrator (dspark.evaluation.drafter_specs.calibrator_beside)
 _EXTERNAL_DATA_BYTES = 1536 << 20  # weights above this go to <graph>.onnx.data (protobuf limit: 2 GiB)
 
 Progress = Callable[[str], None]
@@ -104,80 +104,6 @@ def _nbytes(module: torch.nn.Module) -> int:
     return total
 
 
-class _ReducedPrecisionGraph(torch.nn.Module):
-    """A graph module run in fp16/bf16 behind fp32 I/O: float inputs are cast down on entry, float
-    outputs back up on exit (both traced as Casts). Its RMSNorms compute in fp32 by themselves."""
-
-    def __init__(self, module: torch.nn.Module, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.graph = module.to(dtype)
-        self.dtype = dtype
-
-    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        args = tuple(a.to(self.dtype) if a.is_floating_point() else a for a in args)
-        outs = self.graph(*args)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        return tuple(o.float() if o.is_floating_point() else o for o in outs)
-
-
-def variant_file(graph: str, precision: str) -> str:
-    """``<graph>.onnx`` for fp32, ``<graph>.<precision>.onnx`` for a reduced-precision variant."""
-    return f"{graph}.onnx" if precision == "fp32" else f"{graph}.{precision}.onnx"
-
-
-def _softmax_in_fp32(model: Any, precision: str) -> int:
-    """Wrap every Softmax of a reduced-precision graph whose input is in that precision in Casts:
-    fp32 in, its precision out. (torch's exporter already computes a masked attention's softmax in
-    fp32 — its mask is fp32 — so this usually finds none; it is there for softmaxes that are not.)
-    Types come from ONNX shape inference on the graph without its weights' data."""
-    import onnx
-    from onnx import helper
-
-    low = _ONNX_LOW[precision]
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - inference is best effort: without types, wrap nothing
-        return 0
-    types = {v.name: v.type.tensor_type.elem_type
-             for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
-    types.update({t.name: t.data_type for t in model.graph.initializer})
-    nodes, wrapped = [], 0
-    for node in model.graph.node:
-        if node.op_type != "Softmax" or types.get(node.input[0]) != low:
-            nodes.append(node)
-            continue
-        x, y = node.input[0], node.output[0]
-        x32, y32 = f"{x}.fp32_for_{wrapped}", f"{y}.fp32"
-        nodes.append(helper.make_node("Cast", [x], [x32], to=_ONNX_FLOAT, name=f"{node.name}/CastToFloat"))
-        node.input[0], node.output[0] = x32, y32
-        nodes.append(node)
-        nodes.append(helper.make_node("Cast", [y32], [y], to=low, name=f"{node.name}/CastBack"))
-        wrapped += 1
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return wrapped
-
-
-def _norm_scopes(module: torch.nn.Module, model: Any) -> list[str]:
-    """Node-name prefixes ("/layers.0/input_norm/") of the RMSNorm modules in an exported graph.
-
-    The TorchScript exporter names nodes after the path of the modules *called* on the way
-    ("/layers.0/input_norm/Pow"; a norm reached through a method of its parent, as the context
-    graph's ``layer.context_kv``, is only "/k_norm/Pow_1"), so a scope matches an RMSNorm whose
-    qualified name it ends. The TensorRT parser names layers after the nodes, so a weakly typed
-    (TensorRT 10 --fp16/--bf16) build can pin exactly these layers to fp32."""
-    from dspark.drafters.layers import RMSNorm
-
-    norms = {name for name, m in module.named_modules() if isinstance(m, RMSNorm) and name}
-    found = set()
-    for node in model.graph.node:
-        scope = node.name.rsplit("/", 1)[0]
-        path = scope.strip("/").replace("/", ".")
-        if path and any(q == path or q.endswith("." + path) for q in norms):
-            found.add(scope + "/")
-    return sorted(found)
-
-
 def check_opset(opset: int) -> None:
     """An :class:`ExportError` in one sentence for an opset the graphs or the exporter cannot use."""
     if opset < 17:
@@ -209,7 +135,7 @@ def _export_one(spec: GraphSpec, out: Path, opset: int, external_data: bool | No
     final = out / file
     module = spec.module
     if precision != "fp32":
-        module = _ReducedPrecisionGraph(copy.deepcopy(spec.module), REDUCED_PRECISIONS[precision])
+        module = ReducedPrecisionGraph(copy.deepcopy(spec.module), REDUCED_PRECISIONS[precision])
     external = external_data if external_data is not None else _nbytes(module) > _EXTERNAL_DATA_BYTES
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{spec.name}-") as tmp:
         tmp_file = Path(tmp) / file
@@ -229,7 +155,7 @@ def _export_one(spec: GraphSpec, out: Path, opset: int, external_data: bool | No
         if external or split or precision != "fp32":
             model = onnx.load(str(tmp_file), load_external_data=False)
             if precision != "fp32":
-                softmax_casts = _softmax_in_fp32(model, precision)
+                softmax_casts = softmax_in_fp32(model, precision)
             onnx.external_data_helper.load_external_data_for_model(model, tmp)
             if external or split:
                 onnx.save_model(model, str(final), save_as_external_data=True, all_tensors_to_one_file=True,
@@ -253,7 +179,7 @@ def _export_one(spec: GraphSpec, out: Path, opset: int, external_data: bool | No
         "bakes_target_weights": spec.bakes_target_weights,
     }
     if precision == "fp32":
-        entry["norm_scopes"] = _norm_scopes(spec.module, model)
+        entry["norm_scopes"] = norm_scopes(spec.module, model)
     else:
         entry["compute_dtype"] = {"fp16": "float16", "bf16": "bfloat16"}[precision]
         entry["fp32_parts"] = "RMSNorm (mean of squares, rsqrt), Softmax; fp32 inputs and outputs"
@@ -276,7 +202,7 @@ def _scheduling_files(drafter: Any, checkpoint: str | Path | None, out: Path) ->
     """Write what the PyTorch drafter schedules with next to the graphs, so the exported drafter
     schedules alike: its confidence model (``drafter.confidence_model``, a checkpoint folder's
     ``confidence.json``; none for a vocabulary cut) and the checkpoint's ``calibration.json`` (read
-    with :func:`dspark.evaluation_runs.calibrator_beside`, from either folder). → manifest entries."""
+    with :func:`dspark.evaluation.drafter_specs.calibrator_beside`, from either folder). → manifest entries."""
     from dspark.confidence import CONFIDENCE_FILE
 
     entries = {}

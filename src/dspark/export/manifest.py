@@ -144,7 +144,7 @@ def graph_entries(manifest: dict[str, Any], precision: str = "fp32") -> dict[str
     if not variants:
         have = ", ".join(["fp32", *(manifest.get("graph_variants") or {})])
         raise ExportError(f"this export has no {precision} graphs (it has: {have}); export with "
-                          f"precisions=[{precision!r}] (python -m dspark.export ... --trt DIR --{precision})")
+                          f"precisions=[{precision!r}] (python -m dspark.export ... --out DIR --trt --{precision})")
     return variants
 
 

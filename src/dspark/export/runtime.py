@@ -3,7 +3,7 @@ one drafting loop (:mod:`dspark.drafters.loop`) the PyTorch drafters run too.
 
 A backend supplies a :class:`~dspark.drafters.loop.GraphRunner`: ``run(graph, {input: tensor}) →
 {output: tensor}`` (ONNX Runtime: :mod:`dspark.export.ort`; TensorRT:
-:mod:`dspark.export.tensorrt_backend`). Per-request state, padding, the sequential-head steps and
+:mod:`dspark.export.tensorrt`). Per-request state, padding, the sequential-head steps and
 sampling are the loop's, so the outputs match the PyTorch drafter step for step.
 """
 

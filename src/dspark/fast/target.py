@@ -23,7 +23,8 @@ import torch
 
 from dspark.fast.compile import CompileUnavailable, first_line
 from dspark.fast.llama import LlamaStep, supports
-from dspark.hf_target import HFTarget, _Request, zero_padded
+from dspark.hf_batch_cache import RequestKV, zero_padded
+from dspark.hf_target import HFTarget
 from dspark.options import STEP_PATHS
 
 __all__ = ["FastTarget", "PATHS", "build_target"]
@@ -92,13 +93,13 @@ class FastTarget(HFTarget):
         self.bucket = bucket if path == "compiled" else 1
         self._step, self._run = _shared_step(model, path, self._device)
 
-    def _new_store(self, capacity: int) -> _Request:
+    def _new_store(self, capacity: int) -> RequestKV:
         store = super()._new_store(_round_up(capacity, self.bucket))
         store.kv.zero_()  # never-written slots are masked, but 0 · NaN in attn @ V is still NaN
         return store
 
     def _forward(
-        self, reqs: list[_Request], tokens: torch.Tensor, q_lens: torch.Tensor, want_logits: bool = True
+        self, reqs: list[RequestKV], tokens: torch.Tensor, q_lens: torch.Tensor, want_logits: bool = True
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         R, q = tokens.shape
         dev = self._device
