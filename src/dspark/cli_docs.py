@@ -142,6 +142,11 @@ def cli_reference() -> str:
         "`dspark --help` lists them; `dspark X` is the same as `python -m dspark X`. Errors a user can",
         "fix print one line and exit 2.",
         "",
+        "One convention throughout: `--target` names the target model, `--drafter NAME|DIR` a drafter (a",
+        "shipped drafter's name or a checkpoint folder), `--out` what a command writes. Every command",
+        "takes `-v` / `-q` (more or less log output on stderr: progress and notices) and every command",
+        "that prints a result takes `--json` (the result as one JSON object on stdout).",
+        "",
         f"* [`{parser.prog}`](#{_slug(parser.prog)})",
     ]
     lines += [f"* [`{p.prog}`](#{_slug(p.prog)})" for p in subs.values()]

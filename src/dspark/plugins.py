@@ -94,6 +94,7 @@ _lock = threading.RLock()
 _pm: pluggy.PluginManager | None = None
 _registry: dict[str, dict[str, Registration]] | None = None
 _versions: dict[str, str | None] = {}
+_distributions: dict[str, str | None] = {}  # plugin → the installed distribution that provides it
 _disabled: list[str] = []  # entry-point plugins DSPARK_DISABLE_PLUGINS kept out (for error messages)
 
 
@@ -123,7 +124,8 @@ def _check_hooks(pm: pluggy.PluginManager, plugin: object, plugin_name: str) -> 
         )
 
 
-def _add(pm: pluggy.PluginManager, plugin: object, name: str, version: str | None) -> None:
+def _add(pm: pluggy.PluginManager, plugin: object, name: str, version: str | None,
+         distribution: str | None = None) -> None:
     if pm.has_plugin(name):
         raise PluginError(f"a plugin named {name!r} is already registered")
     try:
@@ -136,6 +138,7 @@ def _add(pm: pluggy.PluginManager, plugin: object, name: str, version: str | Non
         pm.unregister(plugin)
         raise
     _versions[name] = version
+    _distributions[name] = distribution
 
 
 def _load_entry_points(pm: pluggy.PluginManager) -> None:
@@ -163,7 +166,7 @@ def _load_entry_points(pm: pluggy.PluginManager) -> None:
                 f"plugin {ep.name!r} ({where}) failed to load: {type(exc).__name__}: {exc}. "
                 f"Set DSPARK_DISABLE_PLUGINS={ep.name} to skip it."
             ) from exc
-        _add(pm, plugin, ep.name, dist.version if dist else None)
+        _add(pm, plugin, ep.name, dist.version if dist else None, dist.name if dist else None)
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -177,7 +180,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
             pm.add_hookspecs(hookspecs)
             # Built-ins are a plugin module named like any other (as llm's DEFAULT_PLUGINS): the
             # registry imports no implementation, so the implementations may use the registry.
-            _add(pm, importlib.import_module(BUILTIN_MODULE), BUILTIN_PLUGIN, __version__)
+            _add(pm, importlib.import_module(BUILTIN_MODULE), BUILTIN_PLUGIN, __version__, "dspark")
             _load_entry_points(pm)
             pm.check_pending()
             _pm = pm
@@ -195,6 +198,7 @@ def register(plugin: object, name: str | None = None, version: str | None = None
         except PluginError:
             pm.unregister(plugin)
             _versions.pop(name, None)
+            _distributions.pop(name, None)
             raise
         _invalidate()
         return name
@@ -212,6 +216,7 @@ def unregister(plugin: object | str) -> None:
         name = pm.get_name(plugin)
         pm.unregister(plugin)
         _versions.pop(name, None)
+        _distributions.pop(name, None)
         _invalidate()
 
 
@@ -221,6 +226,7 @@ def reset() -> None:
     with _lock:
         _pm = None
         _versions.clear()
+        _distributions.clear()
         _disabled.clear()
         _invalidate()
 
@@ -359,10 +365,11 @@ def resolve(kind: str, spec: Any, /, **config: Any) -> Any:
 
 
 def list_plugins() -> list[dict[str, Any]]:
-    """One row per registered implementation: kind, name, plugin, version, description."""
+    """One row per registered implementation: kind, name, plugin, the distribution that installed
+    it (None for one registered at run time) and its version, description."""
     return [
-        {"kind": r.kind, "name": r.name, "plugin": r.plugin, "version": r.version,
-         "description": r.description}
+        {"kind": r.kind, "name": r.name, "plugin": r.plugin, "distribution": _distributions.get(r.plugin),
+         "version": r.version, "description": r.description}
         for kind in EXTENSION_POINTS
         for r in sorted(registry()[kind].values(), key=lambda r: r.name)
     ]

@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attrs import field, frozen
+from attrs import frozen
 
 from dspark.options import (
+    DEVICE_HELP,
+    TARGET_HELP,
     NamespaceOptions,
     at_least,
     existing_device,
-    one_of,
+    option,
     optional_path,
     path,
     resolve_options,
@@ -40,30 +42,39 @@ def _code_modules(value: str | Any) -> tuple[str, ...] | None:
 
 @frozen
 class DataOptions(NamespaceOptions):
-    """What ``dspark data`` builds (defaults: the command line's; docs/cli.md explains each)."""
+    """What ``dspark data`` builds: each field is an option of the command (:func:`dspark.options.option`)."""
 
-    out: str = field(default="data/smollm2", converter=path)
-    per_domain: int = field(default=600, validator=at_least(0))
-    source: str = field(default="builtin")
-    followups_from: str | None = field(default=None, converter=optional_path)
-    prompts: tuple[str, ...] = field(default=(), converter=strings)
-    no_builtin: bool = False
-    code_modules: tuple[str, ...] | None = field(default=None, converter=_code_modules)
-    eval_fraction: float = field(default=0.1, validator=unit_interval(open_high=True))
-    model: str = field(default="smollm2-135m", converter=path)
-    dtype: str = field(default="bfloat16", validator=one_of("float32", "bfloat16"))
-    device: str = field(default="cpu", validator=existing_device)
-    temperature: float = field(default=0.7, validator=at_least(0, integer=False))
-    top_p: float = field(default=0.95, validator=unit_interval(open_low=True))
-    max_new_tokens: int = field(default=128, validator=at_least(1))
-    concurrency: int = field(default=32, validator=at_least(1))
-    max_tokens: int = field(default=0, validator=at_least(0))  # 0: answer every prompt
-    seed: int = 0
-    quiet: bool = False
+    out: str = option("data/smollm2", converter=path, help="folder for train.jsonl, eval_prompts.jsonl, meta.json")
+    per_domain: int = option(600, validator=at_least(0),
+                             help="generated prompts per domain (math, code, chat) and per source")
+    source: str = option("builtin", choices=SOURCES,
+                         help="generated prompts: builtin templates, natural prompts from the documentation, code "
+                         "and real text of installed packages (dspark.data.natural), or both")
+    followups_from: str | None = option(None, converter=optional_path, metavar="PATH",
+                                        help="a train.jsonl written by `dspark data`: adds multi-turn chat prompts (the "
+                                        "target's recorded response + a follow-up question) to the natural source")
+    prompts: tuple[str, ...] = option((), converter=strings, help="JSONL prompt file (repeatable): {prompt, domain?}")
+    no_builtin: bool = option(False, help="only the --prompts files")
+    code_modules: tuple[str, ...] | None = option(None, converter=_code_modules, type=str,
+                                                  help="comma-separated importable modules whose documented functions "
+                                                  "become code prompts (default: a set of standard-library modules), "
+                                                  "e.g. numpy,torch.nn.functional")
+    eval_fraction: float = option(0.1, validator=unit_interval(open_high=True),
+                                  help="fraction of the prompts held out for evaluation")
+    model: str = option("smollm2-135m", converter=path, flag="--target", help=TARGET_HELP)
+    dtype: str = option("bfloat16", choices=("float32", "bfloat16"), help="the target's dtype")
+    device: str = option("cpu", validator=existing_device, help=DEVICE_HELP)
+    temperature: float = option(0.7, validator=at_least(0, integer=False), help="sampling temperature of the responses")
+    top_p: float = option(0.95, validator=unit_interval(open_low=True), help="nucleus (top-p) mass of the sampling")
+    max_new_tokens: int = option(128, validator=at_least(1), help="longest response in tokens")
+    concurrency: int = option(32, validator=at_least(1), help="prompts the target answers at once")
+    max_tokens: int = option(0, validator=at_least(0),
+                             help="stop once train.jsonl holds this many response tokens, earlier runs included (0: "
+                             "answer every prompt); prompts run in key order, so the sample stays balanced across domains")
+    seed: int = option(0, help="random seed")
+    quiet: bool = False  # the global -q
 
     def __attrs_post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise ValueError(f"--source must be one of {', '.join(SOURCES)}, not {self.source!r}")
         if self.no_builtin and self.source != "builtin":
             raise ValueError(f"--no-builtin (only the --prompts files) contradicts --source {self.source}")
         if self.followups_from and self.source == "builtin":

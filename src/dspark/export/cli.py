@@ -1,7 +1,7 @@
 """``python -m dspark.export``: a trained drafter checkpoint → ONNX graphs (+ TensorRT engines).
 
-    python -m dspark.export CHECKPOINT[:vocab=K] --onnx OUT_DIR [--target smollm2-135m] [--validate]
-    python -m dspark.export CHECKPOINT --trt OUT_DIR [--fp16 | --bf16] [--profile NAME|FILE]
+    python -m dspark.export --drafter NAME|DIR[:vocab=K] --out OUT_DIR [--target smollm2-135m] [--validate]
+    python -m dspark.export --drafter NAME|DIR --out OUT_DIR --trt [--fp16 | --bf16] [--profile NAME|FILE]
                             [--batch MIN,OPT,MAX] [--past MIN,OPT,MAX] [--new MIN,OPT,MAX] [--validate]
 
 Exit status: 0 done; 1 ``--validate`` found a mismatch; 2 bad input (one line on stderr, no
@@ -70,18 +70,20 @@ DESCRIPTION = ("Export a trained dspark / dflash / eagle3 drafter to ONNX (the c
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG)
     add_args(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     return p
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """The export options on ``p``: ``python -m dspark.export`` and ``dspark export`` share them."""
     p.description = DESCRIPTION
-    p.add_argument("checkpoint", help="drafter folder written by save_pretrained (config.json + model.safetensors) "
-                                      "or a shipped drafter's name; NAME:vocab=K exports its named variant cut "
-                                      "to the K most frequent tokens of its token_ranking.json (docs/drafters-and-training.md)")
-    out = p.add_mutually_exclusive_group(required=True)
-    out.add_argument("--onnx", metavar="OUT_DIR", help="write the ONNX graphs and manifest.json here")
-    out.add_argument("--trt", metavar="OUT_DIR", help="write the ONNX graphs here, then build TensorRT engines")
+    p.add_argument("--drafter", dest="checkpoint", required=True, metavar="NAME|DIR",
+                   help="drafter folder written by save_pretrained (config.json + model.safetensors) or a shipped "
+                   "drafter's name; NAME:vocab=K exports its named variant cut to the K most frequent tokens of its "
+                   "token_ranking.json (docs/drafters-and-training.md)")
+    p.add_argument("--out", required=True, metavar="OUT_DIR", help="write the ONNX graphs and manifest.json here")
+    p.add_argument("--trt", action="store_true", help="then build TensorRT engines from the ONNX graphs in OUT_DIR")
     p.add_argument("--target", default="smollm2-135m",
                    help="the target whose embedding / LM head the graphs bake in: 'smollm2-135m' "
                         "(default), an HF model folder or a .gguf file (anything load_target accepts)")
@@ -101,7 +103,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (>= 17; default 17)")
     p.add_argument("--validate", action="store_true",
                    help="run the exported drafter next to the PyTorch one and compare logits and drafts")
-    p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -123,7 +124,7 @@ def _checkpoint_kind(ckpt: Path) -> dict[str, Any]:
 
 
 def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bool, label: str,
-              target: Any = None) -> bool:
+              target: Any = None, to_stderr: bool = False) -> bool:
     from dspark.export.validate import compare_drafters
 
     # Real target features (natural prompts) when the target can capture them; TF32 off throughout.
@@ -132,7 +133,7 @@ def _validate(reference: Any, exported: Any, atol_rel: float, require_tokens: bo
     ok = (report.exported_finite and report.max_abs_logits <= atol
           and (report.greedy_tokens_equal or not require_tokens))
     verdict = "ok" if ok else f"FAILED (tolerance {atol:.1e})"
-    print(f"validate {label}: {report.summary()} — {verdict}")
+    print(f"validate {label}: {report.summary()} — {verdict}", file=sys.stderr if to_stderr else sys.stdout)
     return ok
 
 
@@ -142,7 +143,7 @@ def _run(args: argparse.Namespace) -> int:
     from dspark.export.exporter import prepare_out_dir
     from dspark.export.manifest import ExportError
 
-    out = Path(args.onnx or args.trt)
+    out = Path(args.out)
     path, draft_vocab = parse_drafter_ref(args.checkpoint)
     ckpt = locate(path)
     cfg = _checkpoint_kind(ckpt)
@@ -151,22 +152,19 @@ def _run(args: argparse.Namespace) -> int:
                           f"reduced vocabulary (draft_vocab_size {cfg['draft_vocab_size']})")
     profile, precisions = None, ()
     if args.trt:
-        from dspark.export.tensorrt_backend import (
-            import_tensorrt,
-            load_profile,
-            tensorrt_problem,
-            uses_strong_typing,
-        )
+        from dspark.export.tensorrt.build import uses_strong_typing
+        from dspark.export.tensorrt.environment import import_tensorrt, tensorrt_problem
+        from dspark.export.tensorrt.profile import load_profile
 
         precision = "fp16" if args.fp16 else "bf16" if args.bf16 else None
         profile = load_profile(args.profile, batch=args.batch, past=args.past, new=args.new, precision=precision,
                                strongly_typed=True if args.strongly_typed else None)
         # Fail fast: tensorrt really imported, CUDA usable, a builder created — before the target
-        # (1-2 minutes) loads and before anything is written.
+        # loads and before anything is written.
         problem = tensorrt_problem(probe=True)
         if problem:
             print(f"{PROG}: TensorRT engines cannot be built here because {problem}; nothing was exported "
-                  f"(python -m dspark.export CHECKPOINT --onnx {out} writes the ONNX files without TensorRT, "
+                  f"(python -m dspark.export --drafter CHECKPOINT --out {out} without --trt writes the ONNX files, "
                   "and 'pip install dspark[gpu]' on a CUDA machine adds TensorRT).", file=sys.stderr)
             return 3
         trt, _ = import_tensorrt()
@@ -226,9 +224,11 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
             from dspark.export.ort import OrtDrafter
 
             ok &= _validate(drafter, OrtDrafter.from_dir(out, threads=torch.get_num_threads()), 1e-4, True,
-                            "onnxruntime vs PyTorch (fp32)", target)
+                            "onnxruntime vs PyTorch (fp32)", target, to_stderr=bool(getattr(args, "json", False)))
         if args.trt:
-            from dspark.export.tensorrt_backend import TensorRTDrafter, TensorRTError, build_engines
+            from dspark.export.tensorrt.build import build_engines
+            from dspark.export.tensorrt.environment import TensorRTError
+            from dspark.export.tensorrt.runtime import TensorRTDrafter
 
             try:
                 manifest = build_engines(out, profile, progress=progress)
@@ -238,22 +238,29 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
                     # engine and in torch) must also draft identical greedy tokens.
                     tol = TRT_TOLERANCE[profile.precision]
                     ok &= _validate(drafter, TensorRTDrafter.from_dir(out), tol, profile.precision == "fp32",
-                                    f"TensorRT ({profile.precision}) vs PyTorch", target)
+                                    f"TensorRT ({profile.precision}) vs PyTorch", target,
+                                    to_stderr=bool(getattr(args, "json", False)))
             except TensorRTError as exc:
                 progress.close()
-                _summary(out, manifest)
+                _summary(out, manifest, bool(getattr(args, "json", False)))
                 print(f"{PROG}: TensorRT: {_one_line(exc)} (the ONNX files in {out} are written and checked)",
                       file=sys.stderr)
                 return 3
     finally:
         progress.close()
-    _summary(out, manifest)
+    _summary(out, manifest, bool(getattr(args, "json", False)), ok)
     return 0 if ok else 1
 
 
-def _summary(out: Path, manifest: dict[str, Any]) -> None:
+def _summary(out: Path, manifest: dict[str, Any], as_json: bool = False, ok: bool | None = None) -> None:
     rows = [(e["file"], e["bytes"]) for e in manifest["graphs"].values()]
     rows += [(e["file"], e["bytes"]) for e in (manifest.get("engines") or {}).values()]
+    if as_json:  # --json: one object on stdout
+        import json
+
+        print(json.dumps({"kind": manifest["kind"], "gamma": manifest["gamma"], "vocab_size": manifest["vocab_size"],
+                          "out": str(out), "files": dict(rows), "validated": ok}, indent=2))
+        return
     print(f"{manifest['kind']} drafter (γ={manifest['gamma']}, V={manifest['vocab_size']}) → {out}/")
     for name, size in rows:
         print(f"  {name:<16} {size / 2**20:9.1f} MiB")
@@ -268,7 +275,7 @@ def run_parsed(args: argparse.Namespace) -> int:
     """Run an export from parsed :func:`add_args` options; every failure is one line and an exit code."""
     from dspark.drafters.checkpoint import CheckpointError
     from dspark.export.manifest import ExportError
-    from dspark.export.tensorrt_backend import TensorRTError
+    from dspark.export.tensorrt.environment import TensorRTError
 
     try:
         return _run(args)

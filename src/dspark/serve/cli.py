@@ -1,6 +1,6 @@
 """``dspark serve``: the options, the engine build and the uvicorn run.
 
-The model, drafter, dtype, step, gate, scheduler, device and seed options are the very argparse
+The target, drafter, dtype, step, gate, scheduler, device and seed options are the very argparse
 declarations of ``dspark demo`` and ``dspark generate`` (copied from their parsers, not
 re-declared), so the commands cannot drift apart. This module imports nothing heavy at import
 time: ``dspark --help`` must stay fast and must work without the ``serve`` extra.
@@ -42,8 +42,7 @@ def add_args(p: argparse.ArgumentParser, demo_args: Callable, generate_args: Cal
     _copy_actions(p, generate_args, _FROM_GENERATE)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", help="the model id clients send (default: --model as given)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--served-model-name", help="the model id clients send (default: --target as given)")
 
 
 def build_engine(args: argparse.Namespace) -> Any:
@@ -90,7 +89,7 @@ def build_engine(args: argparse.Namespace) -> Any:
         drafter = dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=gamma)
     else:
         from dspark.drafters.checkpoint import from_pretrained
-        from dspark.evaluation_runs import folder_calibrator
+        from dspark.evaluation.drafter_specs import folder_calibrator
 
         drafter = from_pretrained(folder, target, draft_vocab=draft_vocab)
         calibrator = folder_calibrator(folder, draft_vocab)  # None under a calibrated confidence.json
@@ -117,11 +116,11 @@ def run(args: argparse.Namespace) -> int:
         from dspark.serve.app import create_app
     except ImportError as exc:
         raise ImportError(f"dspark serve needs the serve extra (pip install 'dspark[serve]'): {exc}") from None
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = build_engine(args)
     name = args.served_model_name or args.model
     app = create_app(engine, name)
     log.info("dspark serve: %s with drafter %s on http://%s:%d", name, args.drafter, args.host, args.port)
     # on Ctrl-C, open streams get 5 s to end; then they are cancelled and their requests aborted
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    level = "warning" if args.quiet else "debug" if args.verbose else "info"  # the global -q / -v
+    uvicorn.run(app, host=args.host, port=args.port, log_level=level, timeout_graceful_shutdown=5)
     return 0
