@@ -111,8 +111,8 @@ class SunkCost:
 
     Why: the drafter ran before the schedule is chosen, so its time is part of the round whatever
     ℓ is; the round's real rate is τ / (s + t(B) + α(R)). Leaving s out (the paper's Θ) overstates
-    the rate a marginal token must beat by (s + t) / t — 2× at R = 1 on a 2-core CPU, where a
-    5-layer draft costs about one verification step — so the early break stops short of drafts
+    the rate a marginal token must beat by (s + t) / t — 2× where drafting costs as much as a
+    verification step — so the early break stops short of drafts
     that would pay. Everything else (SPS, accounting, B) is ``base``'s.
     """
 

@@ -2,8 +2,8 @@
 
 A verification step over more tokens, or over a longer KV context, reads at least as much as a
 smaller one, so its true time never falls as B or the context grows. Measured medians do fall
-(on a 2-core CPU a median of 3 moves by ±5–20 %: B = 4 timed faster than B = 1, B = 2 over 119
-tokens of context faster than over 55). A scheduler that reads such a table believes that a
+(a median of a few repeats on a busy machine can time B = 4 faster than B = 1, or a longer context
+faster than a shorter one). A scheduler that reads such a table believes that a
 longer verification costs 50 % more when it costs 2 %, and verifies too little. The fits here
 project the measurements onto the monotone curves (least squares, the isotonic regression):
 points that agree with monotonicity are kept exactly, violating runs are pooled to their mean.

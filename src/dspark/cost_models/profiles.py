@@ -302,5 +302,5 @@ class SPSProfile:
 
 
 def default_profile_path() -> Traversable:
-    """The shipped CPU profile: SmolLM2-135M, fp32, 2-core EPYC (measured before the project's first release; re-profile with `dspark profile`)."""
+    """The shipped CPU profile of SmolLM2-135M in fp32, a starting point: re-profile your machine with `dspark profile`."""
     return resources.files("dspark") / "data" / "cpu_smollm2_fp32.json"
