@@ -137,7 +137,7 @@ def engine_runner(engine: Any, n: int):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="reports/peers")
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--drafter", default=None, help="shipped drafter for the speculative runner (default: the "
                    "package's default drafter)")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dtype = getattr(torch, args.dtype)
-    model, tok = load_causal_lm(args.model, dtype)
+    model, tok = load_causal_lm(args.target, dtype)
     prompts = [encode_prompt(tok, text) for text in PROMPTS]
     machine = Machine.current()
     log.info("machine: %s", machine.describe())
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter = from_pretrained(args.drafter or DEFAULT_DRAFTER, target)
     context = round(statistics.mean(p.numel() for p in prompts)) + args.max_new_tokens // 2
     cost = profile_cost_model(measure_profile(target, context, range(1, drafter.gamma + 2)), dtype=args.dtype,
-                              model=args.model, device=machine.cpu)
+                              model=args.target, device=machine.cpu)
     spec = Engine(target, drafter, scheduler="sps-greedy", cost_model=cost, draft_gate=True)
     runners[f"dspark_speculative_{target.path}"] = engine_runner(spec, args.max_new_tokens)
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = outputs["hf_generate"]
     agree = {name: sum(a == b for a, b in zip(rows, reference)) for name, rows in outputs.items()}
     result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": machine.to_dict(), "model": args.model, "dtype": args.dtype,
+        "date": time.strftime("%Y-%m-%d"), "machine": machine.to_dict(), "model": args.target, "dtype": args.dtype,
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
         "command": "python scripts/bench_peers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "tokens_per_second": {n: {str(c): v for c, v in r.items()} for n, r in rate.items()},

@@ -52,7 +52,7 @@ class _Recorder:
 
 def record(out: Path, name: str, prompts, target, drafter, names: list[str], args) -> dict:
     """Rounds and features [N, γ, F] of one prompt set, cached in OUT/NAME-features.pt."""
-    from dspark.evaluation import collect_rounds
+    from dspark.evaluation.rounds import collect_rounds
     from dspark.types import SamplingParams
 
     path = out / f"{name}-features.pt"
@@ -73,7 +73,7 @@ def record(out: Path, name: str, prompts, target, drafter, names: list[str], arg
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", default="dspark-5l-xl")
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--fit-prompts", required=True)
     ap.add_argument("--fit-per-domain", type=int, default=40)
@@ -94,14 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     from dspark.calibration import load_calibrator
     from dspark.checkpoints import resolve_checkpoint
     from dspark.confidence import FEATURES, StackedConfidence, fit_head_max_prob, fit_stacked
-    from dspark.evaluation_runs import calibration_split, eval_prompts, load_drafter_spec
-    from dspark.metrics import confidence_report
+    from dspark.confidence_report import confidence_report
+    from dspark.evaluation.drafter_specs import load_drafter_spec
+    from dspark.evaluation.inputs import calibration_split, eval_prompts
     from dspark.targets import load_target
 
     chosen = args.features.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    target = load_target(args.model, getattr(torch, args.dtype))
+    target = load_target(args.target, getattr(torch, args.dtype))
     _, drafter, _ = load_drafter_spec(args.drafter, target)
     own = getattr(drafter, "confidence_model", None)  # a folder's stacked confidence.json, scored as shipped
     own = own if isinstance(own, StackedConfidence) else None

@@ -35,7 +35,7 @@ def median_ms(fn, inputs: dict[str, torch.Tensor], repeats: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--drafter", default="dspark-5l-xl")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--prompt", default="Explain the water cycle briefly.")
@@ -45,7 +45,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = dspark.load_target(args.model, getattr(torch, args.dtype))
+    target = dspark.load_target(args.target, getattr(torch, args.dtype))
     drafter = dspark.from_pretrained(args.drafter, target=target)
     engine = dspark.Engine(target, drafter, scheduler="sps-greedy")
     seen: dict[str, dict[str, torch.Tensor]] = {}
