@@ -45,7 +45,7 @@ def build(real: bool):
     """(target, drafter, calibrator, prompts): the only part that differs between the two modes."""
     if real:
         from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
-        from dspark.evaluation_runs import folder_calibrator
+        from dspark.evaluation.drafter_specs import folder_calibrator
 
         target = dspark.load_target()  # SmolLM2-135M-Instruct, fp32 (needs the `target` extra)
         folder = resolve_checkpoint(DEFAULT_DRAFTER)  # the shipped default drafter (dspark-5l-xl)

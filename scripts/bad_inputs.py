@@ -62,7 +62,7 @@ def user_folder(tmp: Path) -> Path:
 def convert_overwrite_into_the_parent_of_src(tmp: Path) -> tuple[bool, str]:
     root = user_folder(tmp)
     before = tree(root)
-    ok, why = one_sentence(dspark("convert", str(root / "ckpt"), str(root), "--to", "speculators", "--overwrite"))
+    ok, why = one_sentence(dspark("convert", "--drafter", str(root / "ckpt"), "--out", str(root), "--to", "speculators", "--overwrite"))
     return ok and tree(root) == before, why
 
 
@@ -70,7 +70,7 @@ def convert_overwrite_into_the_parent_of_src(tmp: Path) -> tuple[bool, str]:
 def convert_overwrite_into_the_current_folder(tmp: Path) -> tuple[bool, str]:
     root = user_folder(tmp)
     before = tree(root)
-    ok, why = one_sentence(dspark("convert", "ckpt", ".", "--to", "speculators", "--overwrite", cwd=root))
+    ok, why = one_sentence(dspark("convert", "--drafter", "ckpt", "--out", ".", "--to", "speculators", "--overwrite", cwd=root))
     return ok and tree(root) == before, why
 
 
@@ -78,7 +78,7 @@ def convert_overwrite_into_the_current_folder(tmp: Path) -> tuple[bool, str]:
 def convert_overwrite_into_a_users_folder(tmp: Path) -> tuple[bool, str]:
     root = user_folder(tmp)
     before = tree(root)
-    ok, why = one_sentence(dspark("convert", str(root / "ckpt"), str(root / "data"), "--to", "speculators",
+    ok, why = one_sentence(dspark("convert", "--drafter", str(root / "ckpt"), "--out", str(root / "data"), "--to", "speculators",
                                   "--overwrite"))
     return ok and tree(root) == before, why
 
@@ -106,7 +106,7 @@ def _a_layer_key(st: dict) -> str:
 @case
 def convert_a_checkpoint_missing_a_tensor(tmp: Path) -> tuple[bool, str]:
     src = edited_checkpoint(tmp, weights=lambda st: st.pop(_a_layer_key(st)))
-    return one_sentence(dspark("convert", str(src), str(tmp / "out"), "--to", "speculators"))
+    return one_sentence(dspark("convert", "--drafter", str(src), "--out", str(tmp / "out"), "--to", "speculators"))
 
 
 @case
@@ -118,13 +118,13 @@ def convert_a_checkpoint_with_int32_weights(tmp: Path) -> tuple[bool, str]:
         st[k] = st[k].to(torch.int32)
 
     src = edited_checkpoint(tmp, weights=int32)
-    return one_sentence(dspark("convert", str(src), str(tmp / "out"), "--to", "speculators"))
+    return one_sentence(dspark("convert", "--drafter", str(src), "--out", str(tmp / "out"), "--to", "speculators"))
 
 
 @case
 def convert_a_config_with_a_hostile_size(tmp: Path) -> tuple[bool, str]:
     src = edited_checkpoint(tmp, config=lambda cfg: cfg.update(intermediate_size=10**9, hidden_size=10**9))
-    return one_sentence(dspark("convert", str(src), str(tmp / "out"), "--to", "speculators"))
+    return one_sentence(dspark("convert", "--drafter", str(src), "--out", str(tmp / "out"), "--to", "speculators"))
 
 
 @case
@@ -200,7 +200,7 @@ def hf_folder_with_only_a_pickle(tmp: Path) -> tuple[bool, str]:
     (tmp / "m").mkdir()
     (tmp / "m" / "config.json").write_text('{"model_type": "llama"}')
     (tmp / "m" / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")
-    return one_sentence(dspark("profile", "--model", str(tmp / "m"), "--out", str(tmp / "p.json")))
+    return one_sentence(dspark("profile", "--target", str(tmp / "m"), "--out", str(tmp / "p.json")))
 
 
 @case
@@ -212,7 +212,7 @@ def plugins_json_into_a_closed_pipe(tmp: Path) -> tuple[bool, str]:
 
 @case
 def generate_with_a_missing_checkpoint(tmp: Path) -> tuple[bool, str]:
-    return one_sentence(dspark("generate", "hi", "--drafter", "dspark", "--checkpoint", str(tmp / "nope")))
+    return one_sentence(dspark("generate", "hi", "--drafter", str(tmp / "nope")))
 
 
 @case

@@ -28,7 +28,7 @@ import torch
 
 import dspark
 from dspark.export import OrtDrafter, compare_drafters, export_onnx
-from dspark.protocols import DraftContext
+from dspark.protocols import DraftContext, TargetFeatures
 from dspark.types import SamplingParams
 
 
@@ -88,7 +88,7 @@ def main() -> None:
         times: dict[str, list[float]] = {"eager": [], "ort": []}
         head: dict[str, list[float]] = {"eager": [], "ort": []}
         for rnd in range(args.rounds + 1):
-            ctx = DraftContext(rids, toks, [SamplingParams()] * R, features={"hidden": feats})
+            ctx = DraftContext(rids, toks, [SamplingParams()] * R, features=TargetFeatures(feats))
             order = [("eager", drafter), ("ort", ort)]
             if rnd % 2:
                 order.reverse()

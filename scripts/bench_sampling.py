@@ -51,7 +51,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from dspark.engine import encode_prompt
-    from dspark.evaluation_runs import eval_prompts
+    from dspark.evaluation.inputs import eval_prompts
     from dspark.targets import load_target
 
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """Throughput through ``dspark serve`` against the engine's own, in one run, same prompts.
 
     python scripts/bench_serve.py                       # smollm2-135m with the shipped drafter
-    python scripts/bench_serve.py --model DIR --drafter ngram --max-tokens 64
+    python scripts/bench_serve.py --target DIR --drafter ngram --max-tokens 64
 
 The engine is built exactly as ``dspark serve`` builds it (``dspark.serve.cli.build_engine``; the
 serve options after ``--`` or the ones below go to it). The same token-id prompts run in waves of
@@ -96,7 +96,7 @@ def main() -> int:
     import dspark
     from dspark.cli import build_parser
     from dspark.data.prompts import prompt_request
-    from dspark.evaluation_runs import eval_prompts
+    from dspark.evaluation.inputs import eval_prompts
     from dspark.serve.app import create_app
     from dspark.serve.cli import build_engine
 

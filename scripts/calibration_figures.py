@@ -29,7 +29,8 @@ from dspark.calibration import (
     TemperatureCalibrator,
     synthetic_rounds,
 )
-from dspark.metrics import ConfidenceReport, confidence_report, survival_labels
+from dspark.confidence_report import ConfidenceReport, confidence_report
+from dspark.metrics import survival_labels
 from dspark.plotting import reliability_diagram
 
 SWEEP_BIASES = (0.0, 0.2, 0.5, 1.0)

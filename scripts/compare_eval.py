@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dspark.evaluation_runs import rounds_path
+from dspark.evaluation.eval_run import rounds_path
 
 
 def per_prompt_tau(rounds_file: Path) -> tuple[dict[int, float], dict[int, str]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import dspark
-from dspark.protocols import DraftContext
+from dspark.protocols import DraftContext, TargetFeatures
 from dspark.types import SamplingParams
 
 PROMPT = ("Explain how Python's garbage collector decides when to free an object that is part of a "
@@ -45,7 +45,7 @@ def _rounds(drafter, ids: torch.Tensor, feats: torch.Tensor, start: int, rounds:
     for r in range(rounds + 1):
         a = start + 2 * r  # anchor position
         ctx = DraftContext(["r"], [ids[: a + 1]], [SamplingParams.greedy()],
-                           features={"hidden": [feats[seen:a]]})
+                           features=TargetFeatures([feats[seen:a]]))
         t0 = time.perf_counter()
         drafter.draft(ctx)
         if r:

@@ -16,7 +16,7 @@ where() { case $1 in dflash) echo "$RETIRED/dflash-legacy" ;; eagle3) echo "$RET
                      *) echo "$RETIRED/$1" ;; esac; }
 for name in $NAMES; do
   ck="$RUNS/$name/checkpoint"
-  [ -f "$ck/calibration.json" ] || dspark calibrate "$ck" --prompts "$RUNS/data/eval_prompts.jsonl" --quiet
+  [ -f "$ck/calibration.json" ] || dspark calibrate --drafter "$ck" --prompts "$RUNS/data/eval_prompts.jsonl" --quiet
   dest=$(where "$name")
   mkdir -p "$dest"
   cp "$ck"/{config.json,model.safetensors,calibration.json,calibration_report.md} "$dest/"

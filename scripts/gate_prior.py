@@ -34,9 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     from dspark.checkpoints import DEFAULT_DRAFTER
     from dspark.cost_models import SPSProfile
     from dspark.engine import encode_prompt
-    from dspark.evaluation import Rounds, collect_rounds
-    from dspark.evaluation_runs import eval_prompts, load_drafter_spec
-    from dspark.gating import GatePrior
+    from dspark.evaluation.drafter_specs import load_drafter_spec
+    from dspark.evaluation.inputs import eval_prompts
+    from dspark.evaluation.rounds import Rounds, collect_rounds
+    from dspark.gate_forecast import GatePrior
     from dspark.interop import survival_from_rounds
     from dspark.targets import load_target
     from dspark.types import SamplingParams

@@ -473,7 +473,8 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, list[torch.Tensor], int 
         eos, cost_desc = None, "flat packed profile (drafting always pays)"
     else:
         from dspark.engine import encode_prompt
-        from dspark.evaluation_runs import eval_prompts, load_drafter_spec
+        from dspark.evaluation.drafter_specs import load_drafter_spec
+        from dspark.evaluation.inputs import eval_prompts
         from dspark.targets import load_target
 
         target = load_target("smollm2-135m", dtype)

@@ -180,6 +180,6 @@ for name in dspark-5l dflash-5l eagle3-1l dspark-2l dspark-5l-long dspark-5l-xl 
   # the shipped lineage (xl, xxl, d15) calibrates on every held-out prompt: >= 11,000 rounds per position
   more=(); [[ $name == dspark-5l-x* || $name == dspark-5l-d15 ]] && more=(--per-domain 230 --skip 0)
   [ -f "$ck/config.json" ] && [ ! -f "$ck/calibration.json" ] && \
-    dspark calibrate "$ck" --prompts "$CAL_PROMPTS" --dtype bfloat16 --quiet "${more[@]}"
+    dspark calibrate --drafter "$ck" --prompts "$CAL_PROMPTS" --dtype bfloat16 --quiet "${more[@]}"
 done
 exit 0

@@ -35,7 +35,7 @@ train eagle3         --kind eagle3
 #    half of them (by hash) and reported on the other half
 for name in ${ONLY:-dspark-gated dspark-vanilla dspark-rnn dflash eagle3}; do
   [ -f "$RUNS/$name/checkpoint/calibration.json" ] || \
-    dspark calibrate "$RUNS/$name/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
+    dspark calibrate --drafter "$RUNS/$name/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
 done
 
 # 4. the default drafter, reference layout (servable by vLLM after `dspark convert --to speculators`):
@@ -48,7 +48,7 @@ if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" dspark-vanilla-ref "* ]]; then
       --steps 3000 --seqs-per-step 8 --anchors 8 --lr 1e-3 --dtype "${DTYPE:-bfloat16}" --checkpoint-every 25 \
       --save-dtype int8
   [ -f "$RUNS/dspark-vanilla-ref/checkpoint/calibration.json" ] || \
-    dspark calibrate "$RUNS/dspark-vanilla-ref/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
+    dspark calibrate --drafter "$RUNS/dspark-vanilla-ref/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
 fi
 
 # 5. the previous main job's drafter (legacy layout): dspark-gated continued to 3× the steps (the cosine schedule re-spread
@@ -60,5 +60,5 @@ if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" dspark-gated-long "* ]]; then
     dspark train --out "$RUNS/dspark-gated-long" "${COMMON[@]/$STEPS/4500}" --kind dspark --head gated-markov --rank 128
   fi
   [ -f "$RUNS/dspark-gated-long/checkpoint/calibration.json" ] || \
-    dspark calibrate "$RUNS/dspark-gated-long/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
+    dspark calibrate --drafter "$RUNS/dspark-gated-long/checkpoint" --prompts "$DATA/eval_prompts.jsonl" --quiet
 fi

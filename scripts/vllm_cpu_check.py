@@ -2,10 +2,10 @@
 
     python scripts/vllm_cpu_check.py --vllm-python VENV/bin/python --out /tmp/vllm_check [--prompts 3]
 
-Writes the embedded target as a plain HF folder (``dspark export-target smollm2-135m OUT/target
---dtype float32``) and the shipped ``eagle3`` (reference layout, 4,096-token draft vocabulary) as a
-speculators folder naming it as verifier (``dspark convert eagle3 OUT/eagle3 --to speculators
---target OUT/target --verifier OUT/target``), then decodes the same K chat prompts (the first K of
+Writes the embedded target as a plain HF folder (``dspark export-target --target smollm2-135m --out
+OUT/target --dtype float32``) and the shipped ``eagle3`` (reference layout, 4,096-token draft vocabulary) as a
+speculators folder naming it as verifier (``dspark convert --drafter eagle3 --out OUT/eagle3 --to
+speculators --target OUT/target --verifier OUT/target``), then decodes the same K chat prompts (the first K of
 the shipped natural eval set) greedily in fp32, ``--max-new-tokens`` each, one prompt at a time:
 
 * in vLLM (its own interpreter, ``--vllm-python``; each run its own process): (a) plain,
@@ -197,9 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     target_dir, eagle_dir, dspark_dir = out / "target", out / "eagle3", out / "dspark"
-    dspark_cli("export-target", "smollm2-135m", str(target_dir), "--dtype", "float32", "--overwrite")
+    dspark_cli("export-target", "--target", "smollm2-135m", "--out", str(target_dir), "--dtype", "float32",
+               "--overwrite")
     # --target: the speculators format stores the target's embedding / LM head, which a dspark checkpoint lacks
-    dspark_cli("convert", args.drafter, str(eagle_dir), "--to", "speculators", "--target", str(target_dir),
+    dspark_cli("convert", "--drafter", args.drafter, "--out", str(eagle_dir), "--to", "speculators", "--target",
+               str(target_dir),
                "--dtype", "float32", "--verifier", str(target_dir), "--overwrite")
     n_spec = json.loads((eagle_dir / "config.json").read_text())["speculators_config"]["proposal_methods"][0][
         "speculative_tokens"]
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     limitation: dict[str, Any] = {}
     if args.dspark_drafter:
         print("vllm_dspark ...", flush=True)
-        dspark_cli("convert", args.dspark_drafter, str(dspark_dir), "--to", "speculators", "--target",
+        dspark_cli("convert", "--drafter", args.dspark_drafter, "--out", str(dspark_dir), "--to", "speculators", "--target",
                    str(target_dir), "--dtype", "float32", "--verifier", str(target_dir), "--overwrite")
         r = run_vllm(args.vllm_python, {"model": str(dspark_dir), "prompts": prompts,
                                         "max_tokens": args.max_new_tokens}, args.vllm_timeout, out / "vllm_dspark.log")

@@ -17,7 +17,8 @@ from dspark.bench.run import BenchOptions
 from dspark.cli import build_parser
 from dspark.data.build import DataOptions
 from dspark.demo import DemoOptions
-from dspark.evaluation_runs import CalibrateOptions, EvalOptions
+from dspark.evaluation.calibration_run import CalibrateOptions
+from dspark.evaluation.eval_run import EvalOptions
 from dspark.training.run import TrainOptions
 from helpers import save_tiny_target, tiny_causal_lm
 
@@ -58,7 +59,7 @@ def test_build_data_and_train(tiny):
     assert len(data.train_path.read_text().splitlines()) == data.written
     assert json.loads(data.meta_path.read_text())["prompt_files"] == [str(root / "prompts.jsonl")]
     again = dspark.build_data(DataOptions.from_namespace(build_parser().parse_args(
-        ["data", "--out", str(data.out), "--prompts", str(root / "prompts.jsonl"), "--no-builtin", "--model",
+        ["data", "--out", str(data.out), "--prompts", str(root / "prompts.jsonl"), "--no-builtin", "--target",
          str(target), "--dtype", "float32", "--temperature", "0", "--max-new-tokens", "8", "--eval-fraction", "0.3",
          "--quiet"])))
     assert (again.already_done, again.written, again.tokens) == (data.train_prompts, 0, 0)  # resumed
@@ -254,7 +255,7 @@ def test_run_demo(tiny):
     assert demo.markdown == (demo.out / "demo.md").read_text()
     assert json.loads((demo.out / "demo.json").read_text())["command"].endswith(
         f"--samples 200 --dtype float32 --step packed --gate --scheduler sps-greedy --out {root / 'demo'} "
-        f"--model {target} --device cpu")
+        f"--target {target} --device cpu")
     assert demo.result["speed"]["step"] == demo.result["speed"]["plain_step"] == "packed"
 
 
@@ -288,7 +289,7 @@ def test_run_demo_races_the_dtypes_on_speculative_speed(tiny):
 @pytest.mark.parametrize("argv, options", [
     (["data"], DataOptions()),
     (["train", "--data", "d", "--out", "o"], TrainOptions(data="d", out="o")),
-    (["calibrate", "ck"], CalibrateOptions(checkpoint="ck")),
+    (["calibrate", "--drafter", "ck"], CalibrateOptions(checkpoint="ck")),
     (["eval", "--drafter", "ngram"], EvalOptions(drafters=["ngram"])),
     (["bench"], BenchOptions()),
     (["demo"], DemoOptions()),
@@ -297,8 +298,45 @@ def test_options_defaults_are_the_command_lines(argv, options):
     assert type(options).from_namespace(build_parser().parse_args(argv)) == options
 
 
+# Options every command has (dspark.cli.core) and options a command adds to its options class.
+_SHARED = {"help", "verbose", "quiet", "json"}
+_COMMAND_ONLY = {"bench": {"replot"}}
+
+
+@pytest.mark.parametrize("command, cls", [
+    ("data", DataOptions), ("train", TrainOptions), ("calibrate", CalibrateOptions), ("eval", EvalOptions),
+    ("bench", BenchOptions), ("demo", DemoOptions),
+])
+def test_each_option_is_declared_once_in_its_options_class(command, cls):
+    """The command's argparse arguments are generated from its options class: one argument per
+    field, with the field's name as dest, its flag, default, choices and help — and nothing else
+    but the options every command shares."""
+    import argparse
+
+    import attrs
+
+    from dspark.cli_docs import _subcommands
+    from dspark.options import CLI, flag_name
+
+    parser = _subcommands(build_parser())[command]
+    actions = {a.dest: a for a in parser._actions}
+    fields = {f.name: f for f in attrs.fields(cls) if CLI in f.metadata}
+    assert set(actions) == set(fields) | _SHARED | _COMMAND_ONLY.get(command, set())
+    for name, f in fields.items():
+        action, spec = actions[name], f.metadata[CLI]
+        assert action.help == spec.help and action.help, name
+        assert list(action.option_strings[:1]) == [flag_name(f)], name
+        if spec.choices is not None:
+            assert tuple(action.choices) == spec.choices, name
+        if f.default is attrs.NOTHING:
+            assert action.required, name
+        elif not isinstance(action, argparse._AppendAction):
+            assert action.default == f.default, name
+    assert {f.name for f in attrs.fields(cls)} - set(fields) <= {"quiet"}  # -q, shared
+
+
 @pytest.mark.parametrize("make, match", [
-    (lambda: DataOptions(source="web"), "--source must be one of builtin, natural, both"),
+    (lambda: DataOptions(source="web"), "source must be one of builtin, natural, both"),
     (lambda: DataOptions(no_builtin=True, source="natural"), "contradicts --source natural"),
     (lambda: DataOptions(followups_from="train.jsonl"), "needs --source natural or both"),
     (lambda: DataOptions(no_builtin=True), "no prompts"),

@@ -28,11 +28,12 @@ from dspark.bench import (
     summarise_run,
     traces_from_rounds,
 )
-from dspark.bench.cli import build_engine
 from dspark.bench.report import aggregate, agreement, bench_markdown, plot_bench, ratios
+from dspark.bench.runner import build_engine
 from dspark.engine import Engine
-from dspark.evaluation import collect_rounds
-from dspark.gating import DraftGate, batch_bucket
+from dspark.evaluation.rounds import collect_rounds
+from dspark.gate_forecast import batch_bucket
+from dspark.gating import DraftGate, ObservedRound
 from dspark.profiling import profile_from_shapes, time_shapes
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
@@ -250,7 +251,7 @@ def test_engines_sharing_a_target_each_get_the_capture_they_need(model):
     draft = drafter.draft
 
     def spy(context):
-        seen.append((context.request_ids[0].rsplit("-", 1)[0], [int(h.shape[0]) for h in context.features["hidden"]]))
+        seen.append((context.request_ids[0].rsplit("-", 1)[0], [int(h.shape[0]) for h in context.features.hidden]))
         return draft(context)
 
     drafter.draft = spy
@@ -290,29 +291,29 @@ def test_gate_compares_measured_speculative_and_plain_rates():
     g = DraftGate(min_backoff=2, max_backoff=8, decay=0.5, min_evidence=2, margin=1.0, probe_budget=0.5)
     assert g.should_draft()
     # drafted: 3 tokens in 20 ms = 150 tok/s; no plain round measured yet → cost model: 2 / t(2) = 187.5
-    assert g.observe(2, True, 3, 0.020, cm)  # loss 1.25 → skip ceil(2 · 1.25³) = 4 rounds
+    assert g.observe_round(ObservedRound(2, True, 3, 0.020), cm)  # loss 1.25 → skip ceil(2 · 1.25³) = 4 rounds
     assert [g.should_draft() for _ in range(5)] == [False] * 4 + [True]
-    assert not g.observe(2, False, 2, 0.020, cm) and g.plain[2].rate == 100.0  # measured plain now
+    assert not g.observe_round(ObservedRound(2, False, 2, 0.020), cm) and g.plain[2].rate == 100.0  # measured plain now
     # bucket 2, decayed sums: (0.5·3 + 4) / (0.5·0.02 + 0.02) = 183.3 tok/s > 100: draft on
-    assert not g.observe(3, True, 4, 0.020, cm) and g.should_draft() and g.backoff == 0
-    g.observe(2, False, 2, 0.004, cm)  # plain (0.5·2 + 2) / (0.5·0.02 + 0.004) = 214.3
-    assert g.observe(2, True, 3, 0.020, cm)  # speculative 5.75 / 0.035 = 164.3: loss 1.30
+    assert not g.observe_round(ObservedRound(3, True, 4, 0.020), cm) and g.should_draft() and g.backoff == 0
+    g.observe_round(ObservedRound(2, False, 2, 0.004), cm)  # plain (0.5·2 + 2) / (0.5·0.02 + 0.004) = 214.3
+    assert g.observe_round(ObservedRound(2, True, 3, 0.020), cm)  # speculative 5.75 / 0.035 = 164.3: loss 1.30
     assert g.skip == 5 and g.backoff == 8  # ceil(2 · 1.30³) = 5, then doubling, capped
-    assert 8 not in g.speculative and not g.observe(8, True, 40, 0.020, cm)  # buckets are apart
+    assert 8 not in g.speculative and not g.observe_round(ObservedRound(8, True, 40, 0.020), cm)  # buckets are apart
     # too little evidence: one round of R = 1 never decides
-    assert not DraftGate().observe(1, True, 1, 0.1, cm)
+    assert not DraftGate().observe_round(ObservedRound(1, True, 1, 0.1), cm)
     # a margin: plain must win by more than 10 % here (the default is 5 %)
     assert DraftGate().margin == 1.05
     g = DraftGate(min_evidence=1, margin=1.1)
-    g.observe(4, False, 4, 0.0105, cm)  # plain 381 tok/s
-    assert not g.observe(4, True, 7, 0.020, cm)  # speculative 350: within 10 %, keep drafting
-    assert g.observe(4, True, 5, 0.020, cm)  # (0.8·7 + 5) / (0.8·0.02 + 0.02) = 294: skip
+    g.observe_round(ObservedRound(4, False, 4, 0.0105), cm)  # plain 381 tok/s
+    assert not g.observe_round(ObservedRound(4, True, 7, 0.020), cm)  # speculative 350: within 10 %, keep drafting
+    assert g.observe_round(ObservedRound(4, True, 5, 0.020), cm)  # (0.8·7 + 5) / (0.8·0.02 + 0.02) = 294: skip
     # a narrow loss starts short and doubles: 2, 4, 8, 8
     g = DraftGate(min_backoff=1, max_backoff=8, decay=0.0, min_evidence=1, margin=1.0, probe_budget=0.5)
-    g.observe(2, False, 2, 2 / 105, cm)
+    g.observe_round(ObservedRound(2, False, 2, 2 / 105), cm)
     skips = []
     for _ in range(4):
-        assert g.observe(2, True, 2, 0.020, cm)
+        assert g.observe_round(ObservedRound(2, True, 2, 0.020), cm)
         skips.append(g.skip)
         g.skip = 0
     assert skips == [2, 4, 8, 8]
@@ -335,27 +336,27 @@ def test_gate_probes_rarely_when_probes_are_expensive_and_uses_the_bound():
     cm = cost_model([(1, 0.010), (8, 0.080)])  # t(q) = q · 10 ms: proportional
     # the bound: 8 tokens in 5 ms of drafting + t(8) = 85 ms < plain's 100 tok/s → skip 256 at once
     g = DraftGate()
-    assert g.observe(1, True, 1, 0.015, cm, draft_seconds=0.005, gamma=7)
+    assert g.observe_round(ObservedRound(1, True, 1, 0.015, draft_seconds=0.005, gamma=7), cm)
     assert g.skip == 256 and g.hopeless_rounds == 1
     # a flat cost: full acceptance would pay, so the bound does not decide (one round is no evidence)
     flat = cost_model([(1, 0.010), (8, 0.011)])
     g = DraftGate()
-    assert not g.observe(1, True, 1, 0.015, flat, draft_seconds=0.005, gamma=7) and g.hopeless_rounds == 0
+    assert not g.observe_round(ObservedRound(1, True, 1, 0.015, draft_seconds=0.005, gamma=7), flat) and g.hopeless_rounds == 0
     # an expensive probe: 60 ms for 1 token against plain's 10 ms / token → excess 50 ms; keeping
     # it under 1 % of plain time needs ≥ 500 skipped rounds, so the doubling goes past 64
     g = DraftGate(min_backoff=1, decay=0.0, min_evidence=1, probe_budget=0.01, margin=1.0)
-    g.observe(1, False, 1, 0.010, flat)
+    g.observe_round(ObservedRound(1, False, 1, 0.010), flat)
     skips = []
     for _ in range(6):
-        assert g.observe(1, True, 1, 0.060, flat, expected=1.0)
+        assert g.observe_round(ObservedRound(1, True, 1, 0.060, expected=1.0), flat)
         skips.append(g.skip)
         g.skip = 0
     assert skips == [216, 432, 500, 500, 500, 500]  # loss 6 → 1 · 6³ = 216 first
     # a cheap probe (excess 1 ms → 10 rounds) keeps max_backoff as the cap
     g = DraftGate(min_backoff=1, decay=0.0, min_evidence=1, probe_budget=0.01, margin=1.0)
-    g.observe(1, False, 1, 0.010, flat)
+    g.observe_round(ObservedRound(1, False, 1, 0.010), flat)
     for _ in range(12):
-        g.observe(1, True, 1, 0.011, flat, expected=1.0)
+        g.observe_round(ObservedRound(1, True, 1, 0.011, expected=1.0), flat)
         top, g.skip = g.skip, 0
     assert top == 64
 

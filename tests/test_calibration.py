@@ -19,12 +19,11 @@ from dspark.calibration import (
     load_calibrator,
     synthetic_rounds,
 )
+from dspark.confidence_report import ConfidenceReport, confidence_report
 from dspark.metrics import (
-    ConfidenceReport,
     auroc,
     brier_score,
     conditional_labels,
-    confidence_report,
     expected_calibration_error,
     reliability_bins,
     survival_labels,

@@ -13,7 +13,7 @@ from dspark.calibration import (
     load_calibrator,
     synthetic_rounds,
 )
-from dspark.metrics import confidence_report
+from dspark.confidence_report import confidence_report
 
 GAMMA = 7
 N = 30_000
@@ -113,7 +113,7 @@ def test_ece_noise_floor_matches_the_binomial_expectation():
     ({"identity": 0.0205, "sts": 0.0200, "sts-bias": 0.0196}, "identity"),  # within 0.1 points of the lowest
 ])
 def test_dspark_calibrate_ships_the_simplest_calibrator_within_a_tenth_of_a_point(ece, shipped):
-    from dspark.evaluation_runs import CALIBRATORS, simplest_within_margin
+    from dspark.evaluation.calibration_run import CALIBRATORS, simplest_within_margin
 
     assert CALIBRATORS == ("identity", "sts", "sts-bias")
     assert simplest_within_margin(ece, CALIBRATORS) == shipped

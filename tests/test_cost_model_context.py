@@ -252,14 +252,15 @@ def test_profile_from_shapes_keeps_a_curve_per_timed_context():
 
 
 def test_bench_sim_target_takes_the_shapes_parameters_and_kv_bytes():
-    from dspark.bench.run import BenchOptions, _sim_cost_model
+    from dspark.bench.costs import simulation_cost_model
+    from dspark.bench.run import BenchOptions
     from dspark.cli import build_parser
 
     opts = BenchOptions(sim_cost_model="h200", sim_target="llama-3.1-8b", sim_params=1e9)
-    cm, desc = _sim_cost_model(opts, None)
+    cm, desc = simulation_cost_model(opts, None)
     assert cm.num_params == 8_030_261_248 and cm.kv_bytes_per_token == 131072.0 and cm.accounting == "packed"
     assert "llama-3.1-8b" in desc and "--sim-params ignored" in desc and "R · context · KV bytes" in desc
-    old, old_desc = _sim_cost_model(BenchOptions(sim_cost_model="h200", sim_params=8e9), None)
+    old, old_desc = simulation_cost_model(BenchOptions(sim_cost_model="h200", sim_params=8e9), None)
     assert old.num_params == 8e9 and old.kv_bytes_per_token == 0.0  # without --sim-target: as before
     assert old_desc == "roofline h200 (8e+09 params, 0.0 ms launch overhead, packed)"
     argv = ["bench", "--sim-cost-model", "h100", "--sim-target", "qwen3-8b"]

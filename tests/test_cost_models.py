@@ -571,7 +571,7 @@ def test_profile_cli_writes_a_profile_the_sps_table_reads(tmp_path, capsys):
 
     tiny_causal_lm(num_layers=2, init_range=0.02, keep_eos=True).save_pretrained(tmp_path / "tiny")
     out = tmp_path / "p.json"
-    assert main(["profile", "--model", str(tmp_path / "tiny"), "--out", str(out), "--requests", "1,2",
+    assert main(["profile", "--target", str(tmp_path / "tiny"), "--out", str(out), "--requests", "1,2",
                  "--widths", "1,3", "--contexts", "16,40", "--repeats", "2", "--quiet"]) == 0
     data = json.loads(out.read_text())
     assert data["accounting"] == "padded" and data["dtype"] == "float32" and data["threads"] >= 1
@@ -584,7 +584,7 @@ def test_profile_cli_writes_a_profile_the_sps_table_reads(tmp_path, capsys):
     floor = json.loads(out.with_suffix(".floor.json").read_text())
     assert floor["step"] == "packed" and floor["traffic_floor"]["floor_seconds"] > 0
     assert "memory-traffic floor" in capsys.readouterr().out
-    assert main(["profile", "--model", str(tmp_path / "tiny"), "--contexts", "200", "--quiet",
+    assert main(["profile", "--target", str(tmp_path / "tiny"), "--contexts", "200", "--quiet",
                  "--out", str(out)]) == 2
     assert "exceeds the target's context window" in capsys.readouterr().err
 

@@ -22,7 +22,8 @@ from dspark.data.prompts import (
 )
 from dspark.data.selfdistill import generate_records, read_records
 from dspark.engine import Engine
-from dspark.evaluation import Rounds, collect_rounds, evaluate_rounds, threshold_sweep
+from dspark.evaluation.round_metrics import evaluate_rounds, threshold_sweep
+from dspark.evaluation.rounds import Rounds, collect_rounds
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
 from helpers import tiny_causal_lm
@@ -177,7 +178,7 @@ def test_threshold_sweep_counts():
 
 def test_calibration_prompts_skip_the_evaluation_prompts(tmp_path):
     from dspark.data.selfdistill import write_prompts
-    from dspark.evaluation_cli import eval_prompts
+    from dspark.evaluation.inputs import eval_prompts
 
     f = tmp_path / "eval_prompts.jsonl"
     write_prompts(f, builtin_prompts(6))

@@ -14,6 +14,7 @@ from safetensors import safe_open
 from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
 from dspark.cli import main as cli_main
 from dspark.drafters.checkpoint import from_pretrained
+from dspark.protocols import TargetFeatures
 from dspark.protocols.drafter import DraftContext
 from dspark.types import SamplingParams
 
@@ -38,7 +39,7 @@ def target():
 
 
 def _block(drafter, ids, hidden):
-    ctx = DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [hidden]})
+    ctx = DraftContext(["r"], [ids], [SamplingParams.greedy()], features=TargetFeatures([hidden]))
     block = drafter.draft(ctx)
     drafter.release("r")
     return block
@@ -47,7 +48,7 @@ def _block(drafter, ids, hidden):
 def test_default_drafter_converts_to_speculators_and_drafts_identically(target, tmp_path):
     src = resolve_checkpoint(DEFAULT_DRAFTER)
     out = tmp_path / "vllm"
-    assert cli_main(["convert", DEFAULT_DRAFTER, str(out), "--to", "speculators", "--target", "smollm2-135m"]) == 0
+    assert cli_main(["convert", "--drafter", DEFAULT_DRAFTER, "--out", str(out), "--to", "speculators", "--target", "smollm2-135m"]) == 0
     cfg = json.loads((out / "config.json").read_text())
     mine = from_pretrained(src, target)
     c = mine.config
@@ -75,8 +76,8 @@ def test_default_drafter_converts_to_speculators_and_drafts_identically(target, 
 
     ds = tmp_path / "deepspec"
     # the speculators config names its verifier but not its layer count: DeepSpec needs the target
-    assert cli_main(["convert", str(out), str(ds), "--to", "deepspec"]) == 2 and not ds.exists()
-    assert cli_main(["convert", str(out), str(ds), "--to", "deepspec", "--target", "smollm2-135m"]) == 0
+    assert cli_main(["convert", "--drafter", str(out), "--out", str(ds), "--to", "deepspec"]) == 2 and not ds.exists()
+    assert cli_main(["convert", "--drafter", str(out), "--out", str(ds), "--to", "deepspec", "--target", "smollm2-135m"]) == 0
     assert json.loads((ds / "config.json").read_text())["num_target_layers"] == 30
     assert (ds / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
@@ -87,7 +88,7 @@ def test_reduced_vocabulary_drafters_convert_to_speculators_with_d2t(ref, target
     with a 4,096-token draft vocabulary) go to vLLM with speculators' d2t / t2d and draft, read back,
     what they draft in dspark."""
     out = tmp_path / "vllm"
-    assert cli_main(["convert", ref, str(out), "--to", "speculators", "--target", "smollm2-135m"]) == 0
+    assert cli_main(["convert", "--drafter", ref, "--out", str(out), "--to", "speculators", "--target", "smollm2-135m"]) == 0
     name, _, k = ref.partition(":vocab=")
     mine = from_pretrained(resolve_checkpoint(name), target, draft_vocab=int(k) if k else None)
     K = mine.config.draft_vocab_size - 1
@@ -105,4 +106,4 @@ def test_reduced_vocabulary_drafters_convert_to_speculators_with_d2t(ref, target
     a, b = _block(mine, ids, hidden), _block(theirs, ids, hidden)
     assert a.tokens.tolist() == b.tokens.tolist()
     torch.testing.assert_close(a.q, b.q, atol=1e-5, rtol=0)
-    assert cli_main(["convert", ref, str(tmp_path / "ds"), "--to", "deepspec", "--target", "smollm2-135m"]) == 2
+    assert cli_main(["convert", "--drafter", ref, "--out", str(tmp_path / "ds"), "--to", "deepspec", "--target", "smollm2-135m"]) == 2

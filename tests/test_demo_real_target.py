@@ -123,7 +123,7 @@ def test_calibrate_and_eval_clis_on_the_shipped_drafter(tmp_path):
     from dspark.cli import main
 
     out = tmp_path / "cal"
-    assert main(["calibrate", "eagle3", "--out", str(out), "--per-domain", "2", "--max-new-tokens", "12",
+    assert main(["calibrate", "--drafter", "eagle3", "--out", str(out), "--per-domain", "2", "--max-new-tokens", "12",
                  "--quiet"]) == 0
     cal = json.loads((out / "calibration.json").read_text())
     rep = json.loads((out / "calibration_report.json").read_text())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.protocols import DraftContext
+from dspark.protocols import DraftContext, TargetFeatures
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
 from helpers import greedy_decode, tiny_causal_lm
@@ -44,7 +44,7 @@ def test_drafter_on_device_drafts_as_on_the_cpu(device, kind):
     with torch.no_grad():
         hs = model(ids[None], output_hidden_states=True).hidden_states
     feats = torch.cat([hs[i + 1][0, :-1] for i in cpu.target_layer_ids], dim=-1)  # [n − 1, m·d]
-    blocks = [d.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features={"hidden": [f]}))
+    blocks = [d.draft(DraftContext(["r"], [ids], [SamplingParams.greedy()], features=TargetFeatures([f])))
               for d, f in ((cpu, feats), (moved, feats.to(device)))]
     assert blocks[1].tokens.device.type == "cpu"  # drafts come back where verification runs
     assert blocks[0].tokens.tolist() == blocks[1].tokens.tolist()
@@ -78,7 +78,7 @@ def test_a_device_that_is_not_here_is_refused_before_a_model_loads(tmp_path, cap
         with pytest.raises(ValueError, match="no CUDA device"):
             dspark.BenchOptions(device="cuda")
     nowhere = str(tmp_path / "no-such-model")  # the device is refused first: the missing model is never reached
-    assert main(["profile", "--model", nowhere, "--device", "gpu", "--out", str(tmp_path / "p.json")]) == 2
+    assert main(["profile", "--target", nowhere, "--device", "gpu", "--out", str(tmp_path / "p.json")]) == 2
     assert "device 'gpu' is not a torch device" in capsys.readouterr().err
 
 
@@ -106,7 +106,7 @@ def test_profile_and_bench_run_where_they_are_told(device, tmp_path):
     drafter = from_pretrained(tmp_path / "drafter", target)  # follows the target to its device
     assert {p.device.type for p in drafter.parameters()} == {device}
     out = tmp_path / "p.json"
-    assert main(["profile", "--model", str(folder), "--device", device, "--out", str(out), "--requests", "1,2",
+    assert main(["profile", "--target", str(folder), "--device", device, "--out", str(out), "--requests", "1,2",
                  "--widths", "1,3", "--contexts", "16", "--repeats", "1", "--quiet"]) == 0
     recorded = json.loads(out.read_text())["device"]
     assert ("core" in recorded) == (device == "cpu")
@@ -131,5 +131,5 @@ def test_profile_and_bench_run_where_they_are_told(device, tmp_path):
     data = dspark.build_data(out=tmp_path / "data", prompts=[prompts], no_builtin=True, model=folder, dtype="float32",
                              temperature=0, max_new_tokens=4, concurrency=2, eval_fraction=0.3, device=device, quiet=True)
     assert data.written == data.train_prompts and data.tokens == 4 * data.written
-    assert main(["generate", "t1 t2 t3", "--model", str(folder), "--drafter", "dspark", "--checkpoint",
+    assert main(["generate", "t1 t2 t3", "--target", str(folder), "--drafter",
                  str(tmp_path / "drafter"), "--device", device, "--dtype", "float32", "--max-new-tokens", "6"]) == 0

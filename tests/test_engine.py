@@ -10,6 +10,7 @@ import dspark
 from dspark.drafters.prune import prune_draft_vocab
 from dspark.engine import Engine
 from dspark.gating import DraftGate
+from dspark.protocols import TargetFeatures
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
 from helpers import (
@@ -370,7 +371,7 @@ def test_drafts_equal_a_fresh_loop_fed_the_whole_context(model, dname, gated):
         drafter.release("oracle")
         ctx = dspark.protocols.DraftContext(
             ["oracle"], [full[rid][: anchor + 1]], [SamplingParams.greedy()], [torch.Generator()],
-            features={"hidden": [feats[rid][:anchor]], "hidden_start": [0]})
+            features=TargetFeatures([feats[rid][:anchor]], [0]))
         ref = draft(ctx)
         n = int(ref.valid_lengths[0])
         assert tokens[:n].tolist() == ref.tokens[0, :n].tolist(), f"{dname}: {rid} at anchor {anchor}"

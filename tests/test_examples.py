@@ -78,7 +78,9 @@ def test_tiedhead_plugin_is_found_by_entry_point_and_satisfies_the_protocol(caps
     assert row is not None, INSTALL_HINT
     assert row["plugin"] == "tiedhead" and row["version"] == "0.1.0"
     assert cli(["plugins", "--json"]) == 0
-    assert ("sequential_heads", "tied-markov") in {(r["kind"], r["name"]) for r in json.loads(capsys.readouterr().out)}
+    listed = json.loads(capsys.readouterr().out)["plugins"]
+    assert ("sequential_heads", "tied-markov") in {(r["kind"], r["name"]) for r in listed}
+    assert next(r for r in listed if r["name"] == "tied-markov")["distribution"]  # the package that installed it
 
     V, d, r = 512, 32, 8
     head = dspark.get_sequential_head("tied-markov", vocab_size=V, hidden_size=d, rank=r)

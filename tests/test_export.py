@@ -24,8 +24,9 @@ from dspark.engine import Engine  # noqa: E402
 from dspark.export import ExportError, OrtDrafter, compare_drafters, export_onnx  # noqa: E402
 from dspark.export.cli import main  # noqa: E402
 from dspark.export.manifest import sha256_file, sha256_tensor  # noqa: E402
-from dspark.export.tensorrt_backend import EngineProfile, load_profile, tensorrt_missing  # noqa: E402
-from dspark.protocols import DraftContext, Drafter  # noqa: E402
+from dspark.export.tensorrt.environment import tensorrt_problem  # noqa: E402
+from dspark.export.tensorrt.profile import EngineProfile, load_profile  # noqa: E402
+from dspark.protocols import DraftContext, Drafter, TargetFeatures  # noqa: E402
 from dspark.targets import HFTarget  # noqa: E402
 from dspark.types import SamplingParams  # noqa: E402
 from helpers import greedy_decode, run_with_late_join, save_tiny_target, tiny_causal_lm  # noqa: E402
@@ -119,7 +120,7 @@ def test_batched_round_matches_pytorch_per_request(exported, target, name):
         rids = list(toks)
         feats = [torch.randn(toks[r].numel() - 1 - seen[r], F_in, generator=gen) for r in rids]
         ctx = DraftContext(rids, [toks[r] for r in rids], [SamplingParams()] * len(rids),
-                           max_lengths=torch.tensor([2, 4, 9, 0])[: len(rids)], features={"hidden": feats})
+                           max_lengths=torch.tensor([2, 4, 9, 0])[: len(rids)], features=TargetFeatures(feats))
         a, b = d.draft(ctx), o.draft(ctx)
         assert (a.draft_logits - b.draft_logits).abs().max() <= 1e-4
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.valid_lengths, b.valid_lengths)
@@ -281,12 +282,12 @@ def test_ort_drafter_is_a_drafter(exported):
     assert isinstance(o, Drafter)
     assert (o.name, o.gamma, o.vocab_size, o.target_layer_ids) == ("dspark", 4, V, d.target_layer_ids)
     p = torch.randint(0, V, (5,))
-    with pytest.raises(ValueError, match="features\\['hidden'\\]"):
+    with pytest.raises(ValueError, match="features=TargetFeatures\\(hidden="):
         o.draft(DraftContext(["r"], [p], [SamplingParams()]))
     with pytest.raises(ValueError, match="features must be"):
-        o.draft(DraftContext(["r"], [p], [SamplingParams()], features={"hidden": [torch.zeros(4, 7)]}))
+        o.draft(DraftContext(["r"], [p], [SamplingParams()], features=TargetFeatures([torch.zeros(4, 7)])))
     with pytest.raises(ValueError, match="pass the target features of every committed token"):
-        o.draft(DraftContext(["r"], [p], [SamplingParams()], features={"hidden": [torch.zeros(2, o.feature_size)]}))
+        o.draft(DraftContext(["r"], [p], [SamplingParams()], features=TargetFeatures([torch.zeros(2, o.feature_size)])))
     o.release("r")
     assert "r" not in o._caches
     o.release("never-seen")  # releasing an unknown request is a no-op, as in PyTorch
@@ -346,7 +347,7 @@ def _run(argv, capsys):
 
 
 def test_cli_onnx_with_validate(cli_files, tmp_path, capsys):
-    rc, out, err = _run([cli_files / "ckpt", "--onnx", tmp_path / "o", "--target", cli_files / "tiny",
+    rc, out, err = _run(["--drafter", cli_files / "ckpt", "--out", tmp_path / "o", "--target", cli_files / "tiny",
                          "--validate"], capsys)
     assert rc == 0, err
     assert "validate onnxruntime vs PyTorch (fp32)" in out and "— ok" in out
@@ -369,7 +370,7 @@ def test_cli_exports_the_named_vocabulary_cut_variant(cli_files, tmp_path, capsy
     shutil.copytree(cli_files / "ckpt", ckpt)
     ranking = [7, 3, 11, 2, 40, 5, 9, 1, 30, 22, 13, 8]  # "most frequent first"
     save_token_ranking(ckpt, [ranking[: i + 1] for i in range(len(ranking))], source="test")
-    rc, out, err = _run([f"{ckpt}:vocab=6", "--onnx", tmp_path / "o", "--target", cli_files / "tiny",
+    rc, out, err = _run(["--drafter", f"{ckpt}:vocab=6", "--out", tmp_path / "o", "--target", cli_files / "tiny",
                          "--validate", "--quiet"], capsys)
     assert rc == 0, err
     assert "— ok" in out
@@ -378,7 +379,7 @@ def test_cli_exports_the_named_vocabulary_cut_variant(cli_files, tmp_path, capsy
     assert m["drafter_config"]["draft_vocab_size"] == 7
     for spec, message in [(f"{ckpt}:vocab=0", "needs a positive integer K"),
                           (f"{cli_files / 'ckpt'}:vocab=6", "token_ranking.json is missing")]:
-        rc, _, err = _run([spec, "--onnx", tmp_path / "bad", "--target", cli_files / "tiny", "--quiet"], capsys)
+        rc, _, err = _run(["--drafter", spec, "--out", tmp_path / "bad", "--target", cli_files / "tiny", "--quiet"], capsys)
         lines = err.strip().splitlines()
         assert rc == 2 and len(lines) == 1 and message in lines[0], err
 
@@ -395,13 +396,13 @@ def test_cli_exports_the_named_vocabulary_cut_variant(cli_files, tmp_path, capsy
 def test_cli_bad_input_is_one_line(cli_files, tmp_path, capsys, case, message):
     ckpt, tiny, out = cli_files / "ckpt", cli_files / "tiny", tmp_path / "out"
     argv = {
-        "missing-checkpoint": [tmp_path / "nope", "--onnx", out, "--target", tiny],
-        "not-a-checkpoint": [tmp_path, "--onnx", out, "--target", tiny],
-        "wrong-target": [ckpt, "--onnx", out, "--target", _tiny_target_folder(tmp_path / "big", vocab=80)],
-        "missing-target": [ckpt, "--onnx", out, "--target", tmp_path / "no-model"],
-        "unwritable-out": [ckpt, "--onnx", cli_files / "ckpt" / "config.json" / "sub", "--target", tiny],
-        "trt-option-without-trt": [ckpt, "--onnx", out, "--fp16", "--target", tiny],
-        "bad-range": [ckpt, "--trt", out, "--batch", "8,4,1", "--target", tiny],
+        "missing-checkpoint": ["--drafter", tmp_path / "nope", "--out", out, "--target", tiny],
+        "not-a-checkpoint": ["--drafter", tmp_path, "--out", out, "--target", tiny],
+        "wrong-target": ["--drafter", ckpt, "--out", out, "--target", _tiny_target_folder(tmp_path / "big", vocab=80)],
+        "missing-target": ["--drafter", ckpt, "--out", out, "--target", tmp_path / "no-model"],
+        "unwritable-out": ["--drafter", ckpt, "--out", cli_files / "ckpt" / "config.json" / "sub", "--target", tiny],
+        "trt-option-without-trt": ["--drafter", ckpt, "--out", out, "--fp16", "--target", tiny],
+        "bad-range": ["--drafter", ckpt, "--out", out, "--trt", "--batch", "8,4,1", "--target", tiny],
     }[case]
     rc, _, err = _run([*argv, "--quiet"], capsys)
     assert rc == 2
@@ -428,7 +429,7 @@ def test_cli_default_target_smollm2_with_validate(tmp_path, capsys):
         d.head.w_up.weight.normal_(std=0.02)
     save_pretrained(d, tmp_path / "ckpt")
     del target, d
-    rc, out, err = _run([tmp_path / "ckpt", "--onnx", tmp_path / "o", "--validate", "--quiet"], capsys)
+    rc, out, err = _run(["--drafter", tmp_path / "ckpt", "--out", tmp_path / "o", "--validate", "--quiet"], capsys)
     assert rc == 0, err
     assert "— ok" in out
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
@@ -436,7 +437,7 @@ def test_cli_default_target_smollm2_with_validate(tmp_path, capsys):
 
 
 def test_python_dash_m_entry_point(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "dspark.export", str(tmp_path / "nope"), "--onnx", str(tmp_path / "o")],
+    r = subprocess.run([sys.executable, "-m", "dspark.export", "--drafter", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().endswith("does not exist") and "Traceback" not in r.stderr
 
@@ -709,7 +710,7 @@ def test_tensorrt_11_builds_fp16_strongly_typed_from_fp16_graphs(target, tmp_pat
     """TensorRT 11 has no BuilderFlag.FP16: the engines come from <graph>.fp16.onnx as strongly
     typed networks; without those graphs the build stops with one sentence saying how to get them."""
     from dspark.export import build_engines
-    from dspark.export.tensorrt_backend import TensorRTError
+    from dspark.export.tensorrt.environment import TensorRTError
 
     record = fake_trt(11)
     d = make_drafter(target, "dspark-gated")
@@ -739,7 +740,7 @@ def test_tensorrt_build_failures_are_one_sentence(exported, tmp_path, fake_trt, 
     import shutil
 
     from dspark.export import build_engines
-    from dspark.export.tensorrt_backend import TensorRTError
+    from dspark.export.tensorrt.environment import TensorRTError
 
     fake_trt(10, parse_errors=["In node 3 (Range): UNSUPPORTED_NODE"] if case == "parser" else (),
              build_error="Error Code 4: Internal Error (out of memory)" if case == "build" else None,
@@ -772,7 +773,7 @@ def test_tensorrt_runner_errors_are_one_sentence(exported, tmp_path, fake_trt, m
     import shutil
 
     from dspark.export import TensorRTDrafter, build_engines
-    from dspark.export.tensorrt_backend import TensorRTError
+    from dspark.export.tensorrt.environment import TensorRTError
 
     monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "device", lambda *a: contextlib.nullcontext())
@@ -846,7 +847,7 @@ def test_cli_trt_fails_fast_before_the_target_loads(cli_files, tmp_path, capsys,
 
     monkeypatch.setattr(dspark.targets, "load_target", no_target)
     out = tmp_path / "t"
-    rc, _, err = _run([cli_files / "ckpt", "--trt", out, "--target", cli_files / "tiny", "--fp16", "--quiet"], capsys)
+    rc, _, err = _run(["--drafter", cli_files / "ckpt", "--out", out, "--trt", "--target", cli_files / "tiny", "--fp16", "--quiet"], capsys)
     assert rc == 3, err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("python -m dspark.export: TensorRT engines cannot be built here because ")
@@ -856,7 +857,7 @@ def test_cli_trt_fails_fast_before_the_target_loads(cli_files, tmp_path, capsys,
 
 def test_cli_trt_build_failure_is_one_sentence(cli_files, tmp_path, capsys, fake_trt):
     fake_trt(10, parse_errors=["In node 12 (Trilu): UNSUPPORTED_NODE: no importer"])
-    rc, _, err = _run([cli_files / "ckpt", "--trt", tmp_path / "t", "--target", cli_files / "tiny", "--quiet"], capsys)
+    rc, _, err = _run(["--drafter", cli_files / "ckpt", "--out", tmp_path / "t", "--trt", "--target", cli_files / "tiny", "--quiet"], capsys)
     assert rc == 3
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -867,20 +868,20 @@ def test_cli_trt_build_failure_is_one_sentence(cli_files, tmp_path, capsys, fake
 
 def test_cli_trt_fp16_on_tensorrt_11_exports_fp16_graphs(cli_files, tmp_path, capsys, fake_trt):
     record = fake_trt(11)
-    rc, out, err = _run([cli_files / "ckpt", "--trt", tmp_path / "t", "--target", cli_files / "tiny", "--fp16"],
+    rc, out, err = _run(["--drafter", cli_files / "ckpt", "--out", tmp_path / "t", "--trt", "--target", cli_files / "tiny", "--fp16"],
                         capsys)
     assert rc == 0, err
     assert "exporting backbone.fp16.onnx" in err and "building backbone.plan (fp16, strongly typed)" in err
     assert record["parsed"] == ["context.fp16.onnx", "backbone.fp16.onnx", "head.fp16.onnx"]
     m = json.loads((tmp_path / "t" / "manifest.json").read_text())
     assert set(m["graph_variants"]) == {"fp16"} and m["tensorrt"]["typing"] == "strong"
-    rc, _, err = _run([cli_files / "ckpt", "--trt", tmp_path / "t", "--target", cli_files / "tiny", "--quiet"], capsys)
+    rc, _, err = _run(["--drafter", cli_files / "ckpt", "--out", tmp_path / "t", "--trt", "--target", cli_files / "tiny", "--quiet"], capsys)
     assert rc == 0, err  # fp32 again: the stale fp16 graphs are gone
     assert not list((tmp_path / "t").glob("*.fp16.onnx"))
 
 
 def _trt_or_skip():
-    why = tensorrt_missing()
+    why = tensorrt_problem()
     if why:
         pytest.skip(f"TensorRT backend not testable here: {why}")
 

@@ -253,7 +253,7 @@ def test_validation_uses_the_targets_own_features(tmp_path):
     draft = d.draft
 
     def spy(ctx):
-        seen.append(([t.clone() for t in ctx.token_ids], [f.clone() for f in ctx.features["hidden"]]))
+        seen.append(([t.clone() for t in ctx.token_ids], [f.clone() for f in ctx.features.hidden]))
         return draft(ctx)
 
     d.draft = spy
@@ -318,7 +318,7 @@ def test_cli_validate_reports_target_features(tmp_path, capsys):
     tgt = HFTarget(AutoModelForCausalLM.from_pretrained(folder).eval())
     save_pretrained(_drafter(tgt), tmp_path / "ckpt")
     capsys.readouterr()
-    rc = main([str(tmp_path / "ckpt"), "--onnx", str(tmp_path / "o"), "--target", str(folder), "--validate",
+    rc = main(["--drafter", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o"), "--target", str(folder), "--validate",
                "--quiet"])
     out, err = capsys.readouterr()
     assert rc == 0, err

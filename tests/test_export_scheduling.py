@@ -17,10 +17,10 @@ import dspark  # noqa: E402
 from dspark.calibration import STSBiasCalibrator  # noqa: E402
 from dspark.confidence import HeadMaxProbConfidence, StackedConfidence  # noqa: E402
 from dspark.drafters.checkpoint import from_pretrained, save_pretrained  # noqa: E402
-from dspark.evaluation_runs import calibrator_beside  # noqa: E402
+from dspark.evaluation.drafter_specs import calibrator_beside  # noqa: E402
 from dspark.export import ExportError, OrtDrafter, export_onnx  # noqa: E402
 from dspark.plugins import resolve  # noqa: E402
-from dspark.protocols import DraftContext  # noqa: E402
+from dspark.protocols import DraftContext, TargetFeatures  # noqa: E402
 from dspark.schedulers import build_schedule  # noqa: E402
 from dspark.targets import HFTarget  # noqa: E402
 from dspark.types import SamplingParams  # noqa: E402
@@ -59,7 +59,7 @@ def _rounds(d, F, n_ctx=(5, 11, 17, 23)):
     ids = [torch.randint(0, V, (n + 1,), generator=gen) for n in n_ctx]
     feats = [3.0 * torch.randn(n, F, generator=gen) for n in n_ctx]
     rids = [f"r{i}" for i in range(len(n_ctx))]
-    block = d.draft(DraftContext(rids, ids, [SamplingParams.greedy()] * len(rids), features={"hidden": feats}))
+    block = d.draft(DraftContext(rids, ids, [SamplingParams.greedy()] * len(rids), features=TargetFeatures(feats)))
     for r in rids:
         d.release(r)
     return block

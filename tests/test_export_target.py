@@ -30,7 +30,7 @@ def _logits(model, ids):
 
 def test_export_target_loads_with_identical_logits(src, tmp_path, capsys):
     out = tmp_path / "hf"
-    assert cli_main(["export-target", str(src), str(out)]) == 0
+    assert cli_main(["export-target", "--target", str(src), "--out", str(out)]) == 0
     assert "HF folder" in capsys.readouterr().out
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
@@ -57,14 +57,14 @@ def test_export_target_never_replaces_a_folder_dspark_did_not_write(src, tmp_pat
     user = tmp_path / "mine"
     user.mkdir()
     (user / "notes.txt").write_text("keep")
-    rc = cli_main(["export-target", str(src), str(user), "--overwrite"])
+    rc = cli_main(["export-target", "--target", str(src), "--out", str(user), "--overwrite"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "not written by dspark" in err
     assert [p.name for p in user.iterdir()] == ["notes.txt"]
     out = tmp_path / "hf"
-    assert cli_main(["export-target", str(src), str(out)]) == 0
-    assert cli_main(["export-target", str(src), str(out)]) == 2  # exists: only with --overwrite
-    assert cli_main(["export-target", str(src), str(out), "--overwrite"]) == 0
+    assert cli_main(["export-target", "--target", str(src), "--out", str(out)]) == 0
+    assert cli_main(["export-target", "--target", str(src), "--out", str(out)]) == 2  # exists: only with --overwrite
+    assert cli_main(["export-target", "--target", str(src), "--out", str(out), "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "mine", "src"]  # nothing left beside it
-    rc = cli_main(["export-target", str(src), str(src), "--overwrite"])
+    rc = cli_main(["export-target", "--target", str(src), "--out", str(src), "--overwrite"])
     assert rc == 2 and "input" in capsys.readouterr().err

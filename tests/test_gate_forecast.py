@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dspark.cost_models import SPSTableCostModel, best_fixed_length
-from dspark.gating import DraftGate, GatePrior
+from dspark.gate_forecast import GatePrior
+from dspark.gating import DraftGate, ObservedRound
 
 
 def _cost(points, accounting="packed"):
@@ -55,7 +56,7 @@ def test_forecast_is_the_best_fixed_length_over_plain():
     assert g.forecast(2, cm) == pytest.approx((4.6 / 0.026) / (2 / 0.014))
     assert not g.predicts_loss(2, cm) and g.should_draft(["a", "b"], cm)
     # a plain round measured 6 ms slower than the model: both rates pay it
-    g.observe(2, False, 2, 0.020, cm)
+    g.observe_round(ObservedRound(2, False, 2, 0.020), cm)
     assert g.forecast(2, cm) == pytest.approx((4.6 / 0.032) / (2 / 0.020))
     assert DraftGate().forecast(2, cm) is None  # nothing measured, no prior: no forecast
 
@@ -69,9 +70,9 @@ def test_measured_survival_from_calibrated_confidences_rescaled_by_acceptance():
     g = DraftGate(min_evidence=8, calibration_decay=0.0)
     surv = torch.tensor([[0.9, 0.6, 0.3]] * 2)  # [R = 2, γ = 3]
     for accepted in ([1, 0], [2, 0], [1, 1], [0, 1]):  # 6 accepted of 4 · 1.5 · 2 = 12 expected
-        g.observe(2, True, 2 + sum(accepted), 0.02, cm, lengths=torch.tensor([2, 2]),
-                  accepted=torch.tensor(accepted), survival=surv)
-    assert g.survival() == pytest.approx([0.45, 0.30, 0.15])
+        g.observe_round(ObservedRound(2, True, 2 + sum(accepted), 0.02, lengths=torch.tensor([2, 2]),
+                                      accepted=torch.tensor(accepted), survival=surv), cm)
+    assert g.forecaster.survival() == pytest.approx([0.45, 0.30, 0.15])
 
 
 def test_overhead_measured_elsewhere_is_scaled_by_the_full_block_step():
@@ -79,11 +80,11 @@ def test_overhead_measured_elsewhere_is_scaled_by_the_full_block_step():
     5 ms · t(4 · (1 + γ)) / t(1 + γ) (the drafter's forward is a block too)."""
     cm = _cost({b: 0.01 + 0.001 * b for b in range(1, 33)})
     g = DraftGate(min_evidence=1)
-    g.observe(1, True, 2, 0.01 + 0.001 * 4 + 0.005, cm, lengths=torch.tensor([3]), accepted=torch.tensor([1]),
-              survival=torch.tensor([[0.5, 0.25, 0.1]]))
+    g.observe_round(ObservedRound(1, True, 2, 0.01 + 0.001 * 4 + 0.005, lengths=torch.tensor([3]), accepted=torch.tensor([1]),
+                                  survival=torch.tensor([[0.5, 0.25, 0.1]])), cm)
     expected = 0.005 * (0.01 + 0.001 * 16) / (0.01 + 0.001 * 4)
-    assert g.draft_overhead(4, cm, 3) == pytest.approx(expected)
-    assert g.draft_overhead(1, cm, 3) == pytest.approx(0.005)
+    assert g.forecaster.draft_overhead(4, cm, 3) == pytest.approx(expected)
+    assert g.forecaster.draft_overhead(1, cm, 3) == pytest.approx(0.005)
 
 
 def test_forecast_blocks_reopening_where_drafting_cannot_pay():
@@ -107,14 +108,14 @@ def test_one_requests_rejected_opening_does_not_replace_the_prior():
     surv = torch.tensor([[0.6, 0.36, 0.216]])  # [R = 1, γ = 3]
     for _ in range(8):
         assert g.should_draft(["a"], cm)
-        g.observe(1, True, 1, 0.015, cm, draft_seconds=0.002, gamma=3, expected=1.6,
-                  lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv)
-    assert g.survival() == pytest.approx([0.6, 0.4, 0.2])
+        g.observe_round(ObservedRound(1, True, 1, 0.015, draft_seconds=0.002, gamma=3, expected=1.6,
+                                      lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv), cm)
+    assert g.forecaster.survival() == pytest.approx([0.6, 0.4, 0.2])
     assert not g.predicts_loss(1, cm) and g.skip < g.hopeless_skip
     for rid in "bcd":  # three more requests, just as badly drafted: now the measurement holds
         g.should_draft([rid], cm)  # the round's request (its decision does not matter here)
-        g.observe(1, True, 1, 0.015, cm, lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv)
-    assert g.survival() == pytest.approx([0.0, 0.0, 0.0])
+        g.observe_round(ObservedRound(1, True, 1, 0.015, lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv), cm)
+    assert g.forecaster.survival() == pytest.approx([0.0, 0.0, 0.0])
     assert g.predicts_loss(1, cm)
 
 
@@ -126,15 +127,15 @@ def test_one_slow_round_does_not_replace_the_prior_overhead():
     g = DraftGate(prior=GatePrior([0.5, 0.3], {1: 0.002}))
     surv = torch.tensor([[0.5, 0.3]])
     g.should_draft(["a"], cm)
-    g.observe(1, True, 2, 0.01 + 0.030, cm, lengths=torch.tensor([2]), accepted=torch.tensor([1]), survival=surv)
-    assert g.draft_overhead(1, cm, 2) == pytest.approx(0.002) and not g.predicts_loss(1, cm)
+    g.observe_round(ObservedRound(1, True, 2, 0.01 + 0.030, lengths=torch.tensor([2]), accepted=torch.tensor([1]), survival=surv), cm)
+    assert g.forecaster.draft_overhead(1, cm, 2) == pytest.approx(0.002) and not g.predicts_loss(1, cm)
     for _ in range(7):
-        g.observe(1, True, 2, 0.01 + 0.030, cm, lengths=torch.tensor([2]), accepted=torch.tensor([1]), survival=surv)
+        g.observe_round(ObservedRound(1, True, 2, 0.01 + 0.030, lengths=torch.tensor([2]), accepted=torch.tensor([1]), survival=surv), cm)
     # 8 request-rounds, but no plain round yet: their excess may be the engine's own per-round work,
     # which a plain round pays too, so the prior still holds
-    assert g.draft_overhead(1, cm, 2) == pytest.approx(0.002) and not g.predicts_loss(1, cm)
-    g.observe(1, False, 1, 0.01 + 0.004, cm)  # a plain round: 4 ms beyond t(1)
-    assert g.draft_overhead(1, cm, 2) == pytest.approx(0.026) and g.predicts_loss(1, cm)
+    assert g.forecaster.draft_overhead(1, cm, 2) == pytest.approx(0.002) and not g.predicts_loss(1, cm)
+    g.observe_round(ObservedRound(1, False, 1, 0.01 + 0.004), cm)  # a plain round: 4 ms beyond t(1)
+    assert g.forecaster.draft_overhead(1, cm, 2) == pytest.approx(0.026) and g.predicts_loss(1, cm)
 
 
 def test_the_engines_per_round_work_is_not_charged_to_drafting():
@@ -149,12 +150,12 @@ def test_the_engines_per_round_work_is_not_charged_to_drafting():
     work = 0.008  # the engine's own per-round seconds, drafted or not
     for _ in range(5):
         assert g.should_draft(["a", "b"], cm)
-        g.observe(2, True, 4, 0.024 + 0.004 + work, cm,  # t(B = 8) + overhead + work
-                  lengths=torch.tensor([3, 3]), accepted=torch.tensor([1, 1]), survival=surv)
-    assert g.draft_overhead(2, cm, 3) == pytest.approx(0.004) and not g.predicts_loss(2, cm)
+        g.observe_round(ObservedRound(2, True, 4, 0.024 + 0.004 + work,  # t(B = 8) + overhead + work
+                                      lengths=torch.tensor([3, 3]), accepted=torch.tensor([1, 1]), survival=surv), cm)
+    assert g.forecaster.draft_overhead(2, cm, 3) == pytest.approx(0.004) and not g.predicts_loss(2, cm)
     for _ in range(3):
-        g.observe(2, False, 2, 0.021 + work, cm)
-    assert g.draft_overhead(2, cm, 3) == pytest.approx(0.004, abs=1e-9)
+        g.observe_round(ObservedRound(2, False, 2, 0.021 + work), cm)
+    assert g.forecaster.draft_overhead(2, cm, 3) == pytest.approx(0.004, abs=1e-9)
     assert not g.predicts_loss(2, cm) and g.forecast(2, cm) > 1.0
 
 
@@ -170,8 +171,8 @@ def test_one_requests_rejected_opening_does_not_stop_drafting_that_the_forecast_
 
     def rejected_round(g, rid):
         drafting = g.should_draft([rid], cm)
-        g.observe(1, True, 1, 0.015, cm, draft_seconds=0.002, gamma=3, expected=1.6,
-                  lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv)
+        g.observe_round(ObservedRound(1, True, 1, 0.015, draft_seconds=0.002, gamma=3, expected=1.6,
+                                      lengths=torch.tensor([3]), accepted=torch.tensor([0]), survival=surv), cm)
         return drafting
 
     g = DraftGate(prior=prior)
@@ -198,14 +199,14 @@ def _drift_rounds(gate: DraftGate, cm, slow: float) -> bool:
     Returns whether the gate decided to skip."""
     plain_step = 0.01 + 0.002 * 2
     for _ in range(8):
-        gate.observe(2, False, 2, plain_step, cm, target_seconds=plain_step)
+        gate.observe_round(ObservedRound(2, False, 2, plain_step, target_seconds=plain_step), cm)
     verify = 0.01 + 0.002 * 4
     skipped = False
     for _ in range(8):
         seconds = slow * (verify + 0.004)
-        skipped |= gate.observe(2, True, 4, seconds, cm, draft_seconds=slow * 0.004, gamma=1, expected=4.0,
-                                lengths=torch.tensor([1, 1]), accepted=torch.tensor([1, 1]),
-                                target_seconds=slow * verify)
+        skipped |= gate.observe_round(ObservedRound(2, True, 4, seconds, draft_seconds=slow * 0.004, gamma=1, expected=4.0,
+                                                    lengths=torch.tensor([1, 1]), accepted=torch.tensor([1, 1]),
+                                                    target_seconds=slow * verify), cm)
     return skipped
 
 
@@ -226,7 +227,7 @@ def test_speed_factor_and_the_overhead_on_the_cost_models_clock():
     units); the overhead a drafted round measures is its excess over t(B) + α(R) on the model's
     clock, so a machine running 2× slow measures the same 4 ms of drafting that it would at the
     profile's speed (on the wall clock: 2 · (18 + 4) − 18 = 26 ms)."""
-    from dspark.gating import speed_factor
+    from dspark.gate_forecast import speed_factor
 
     assert speed_factor(0.030, 0.020) == pytest.approx(1.5)
     assert speed_factor(1.0, 0.010) == pytest.approx(100.0) and speed_factor(0.001, 0.010) == pytest.approx(0.1)
@@ -234,6 +235,34 @@ def test_speed_factor_and_the_overhead_on_the_cost_models_clock():
     cm = _cost({b: 0.01 + 0.002 * b for b in range(1, 17)})
     for normalised, want in ((True, 0.004), (False, 2 * 0.022 - 0.018)):
         g = DraftGate(speed_normalised=normalised, min_evidence=1)
-        g.observe(2, True, 4, 2 * 0.022, cm, draft_seconds=0.008, gamma=1, expected=4.0,
-                  lengths=torch.tensor([1, 1]), accepted=torch.tensor([1, 1]), target_seconds=2 * 0.018)
-        assert g.overhead[2].value == pytest.approx(want)
+        g.observe_round(ObservedRound(2, True, 4, 2 * 0.022, draft_seconds=0.008, gamma=1, expected=4.0,
+                                      lengths=torch.tensor([1, 1]), accepted=torch.tensor([1, 1]), target_seconds=2 * 0.018), cm)
+        assert g.forecaster.overhead[2].value == pytest.approx(want)
+
+
+def test_an_engine_round_reaches_the_gate_and_the_round_record_whole():
+    """The engine hands the gate its RoundResult: a drafted round gives τ̂, the drafting seconds, γ,
+    ℓ, the accepted drafts, the calibrated prefix survival and the verification seconds; a plain
+    round only R, its committed tokens and its seconds. RoundInfo records the same round."""
+    from dspark.round import RoundInfo, RoundResult
+    from dspark.types import DraftBlock
+
+    block = DraftBlock.dummy(num_requests=2, gamma=3)
+    conf = torch.tensor([[0.9, 0.5, 0.5], [0.8, 0.5, 0.1]])  # [R, γ] calibrated
+    res = RoundResult(block, block.confidence_logits, torch.tensor([2, 1]), 3.4, torch.tensor([1, 0]),
+                      torch.zeros(2, 4, dtype=torch.long), None, 0.004, 0.02, conf)
+    r = ObservedRound.from_result(res, 0.03, catch_up=0.001)
+    assert (r.num_requests, r.drafted, r.committed, r.seconds) == (2, True, 3, 0.03)
+    assert (r.draft_seconds, r.gamma, r.expected, r.catch_up, r.target_seconds) == (0.004, 3, 3.4, 0.001, 0.02)
+    assert r.lengths.tolist() == [2, 1] and r.accepted.tolist() == [1, 0]
+    torch.testing.assert_close(r.survival, torch.cumprod(conf, dim=1))
+    zeros = torch.zeros(2, dtype=torch.long)
+    plain = ObservedRound.from_result(RoundResult(None, None, zeros, 2.0, zeros, zeros[:, None], None, 0.0, 0.01), 0.012)
+    assert (plain.drafted, plain.committed, plain.draft_seconds, plain.gamma, plain.expected, plain.survival) == \
+        (False, 2, None, 0, None, None)
+    cm = _cost({b: 0.01 + 0.002 * b for b in range(1, 17)})
+    a, b = DraftGate(min_evidence=1), DraftGate(min_evidence=1)
+    assert a.observe(res, 0.03, cm, catch_up=0.001) == b.observe_round(r, cm)
+    assert a.speculative == b.speculative and a.forecaster.overhead == b.forecaster.overhead
+    info = RoundInfo.from_result(res, batch_size=5, seconds=0.03, context=12.5)
+    assert info == RoundInfo(2, [2, 1], [1, 0], 5, True, 3.4, 0.004, 0.02, 0.03, 12.5)

@@ -26,7 +26,8 @@ import torch
 
 from dspark.cost_models import SPSTableCostModel
 from dspark.engine import Engine
-from dspark.gating import DraftGate, GatePrior
+from dspark.gate_forecast import GatePrior
+from dspark.gating import DraftGate
 from dspark.targets import HFTarget
 from dspark.types import DraftBlock, SamplingParams
 from helpers import greedy_decode, tiny_causal_lm
@@ -64,6 +65,7 @@ class OracleDrafter:
 
     name = "oracle"
     target_layer_ids, timings = (), {}  # reads no target features
+    confidence_model = None  # the engine's default, draft-head
 
     def __init__(self, model, clock: VirtualClock, seconds: float, right) -> None:
         self.model, self.clock, self.seconds, self.right = model, clock, seconds, right
@@ -238,7 +240,7 @@ class IngestingOracle(OracleDrafter):
         self.ingest, self.timings = ingest, {}
 
     def draft(self, ctx) -> DraftBlock:
-        t = self.ingest * sum(int(h.shape[0]) for h in ctx.features["hidden"])
+        t = self.ingest * sum(int(h.shape[0]) for h in ctx.features.hidden)
         self.clock.now += t
         self.timings = {"ingest": t}
         self.rounds = len(ctx.token_ids[0])

@@ -124,7 +124,7 @@ def test_schedules_in_trtllm_and_vllm_form():
         check_vllm_per_batch_size([[1, 4, 2], [4, 8, 1]], 4)
 
 
-def test_write_interop_and_the_cli(tmp_path):
+def test_write_interop_and_the_cli(tmp_path, capsys):
     notes = write_interop(tmp_path / "a", gamma=7, model="drafter", calibrator=STSCalibrator(temperatures=(1.0,) * 7),
                           profile=PROFILE, survival=[0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07])
     assert all(n.startswith("wrote") for n in notes)
@@ -145,7 +145,7 @@ def test_write_interop_and_the_cli(tmp_path):
     assert any("sts.json not written" in n for n in notes) and any("draft lengths not written" in n for n in notes)
 
     from dspark.cli import main
-    from dspark.evaluation import Rounds
+    from dspark.evaluation.rounds import Rounds
 
     prof = tmp_path / "profile.json"
     PROFILE.to_json(prof)
@@ -153,7 +153,9 @@ def test_write_interop_and_the_cli(tmp_path):
                     torch.zeros(4, 7), (0, 0, 1, 1), 20, 1.0)
     (tmp_path / "rounds.json").write_text(json.dumps(rounds.to_dict()))
     assert main(["interop", "--out", str(tmp_path / "c"), "--profile", str(prof), "--traces",
-                 str(tmp_path / "rounds.json")]) == 0
+                 str(tmp_path / "rounds.json"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)  # --json: one object, what was written
+    assert report["out"] == str(tmp_path / "c") and any("best_fixed_lengths" in line for line in report["written"])
     got = json.loads((tmp_path / "c/best_fixed_lengths.json").read_text())
     assert got["survival"] == [0.75, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25]
     # --calibration overrides the drafter's own calibration.json: an STS file's temperatures, exactly

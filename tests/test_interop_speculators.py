@@ -66,7 +66,7 @@ def test_the_pinned_speculators_is_installed():
 @pytest.mark.parametrize("name", SERVABLE)
 def test_reference_fixture_converted_loads_in_speculators(name, tmp_path, capsys):
     out = tmp_path / "spec"
-    assert cli_main(["convert", str(rf.folder(name)), str(out), "--to", "speculators", "--verifier", str(TARGET)]) == 0
+    assert cli_main(["convert", "--drafter", str(rf.folder(name)), "--out", str(out), "--to", "speculators", "--verifier", str(TARGET)]) == 0
     cfg = json.loads((out / "config.json").read_text())
     verifier = cfg["speculators_config"]["verifier"]
     assert verifier == {"name_or_path": str(TARGET),
@@ -80,7 +80,7 @@ def test_reference_fixture_converted_loads_in_speculators(name, tmp_path, capsys
 @pytest.mark.parametrize("name", ["deepspec-dspark-gated", "deepspec-dspark-rnn"])
 def test_gated_and_rnn_fixtures_stay_deepspec_only(name, tmp_path, capsys):
     """speculators can hold them, vLLM cannot serve them: refused in one sentence, nothing written."""
-    rc = cli_main(["convert", str(rf.folder(name)), str(tmp_path / "spec"), "--to", "speculators",
+    rc = cli_main(["convert", "--drafter", str(rf.folder(name)), "--out", str(tmp_path / "spec"), "--to", "speculators",
                    "--verifier", str(TARGET)])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "vLLM serves only the vanilla head" in err
@@ -91,9 +91,9 @@ def test_the_verifier_can_be_a_folder_export_target_wrote(tmp_path, capsys):
     """`dspark export-target` → `dspark convert … --verifier THAT_FOLDER` → speculators loads it
     (the verifier's embedding / LM head come from that folder)."""
     hf = tmp_path / "target-hf"
-    assert cli_main(["export-target", str(TARGET), str(hf)]) == 0
+    assert cli_main(["export-target", "--target", str(TARGET), "--out", str(hf)]) == 0
     out = tmp_path / "spec"
-    assert cli_main(["convert", str(rf.folder("deepspec-dflash")), str(out), "--to", "speculators",
+    assert cli_main(["convert", "--drafter", str(rf.folder("deepspec-dflash")), "--out", str(out), "--to", "speculators",
                      "--verifier", str(hf)]) == 0
     verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]
     assert verifier == {"name_or_path": str(hf), "architectures": ["Qwen3ForCausalLM"]}
@@ -101,7 +101,7 @@ def test_the_verifier_can_be_a_folder_export_target_wrote(tmp_path, capsys):
 
 
 def test_a_source_without_a_verifier_is_refused_naming_the_field(tmp_path, capsys):
-    rc = cli_main(["convert", str(rf.folder("deepspec-dflash")), str(tmp_path / "spec"), "--to", "speculators"])
+    rc = cli_main(["convert", "--drafter", str(rf.folder("deepspec-dflash")), "--out", str(tmp_path / "spec"), "--to", "speculators"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
     assert "speculators_config.verifier.name_or_path" in err and "--verifier" in err
@@ -177,7 +177,7 @@ def smollm2(tmp_path_factory):
     from dspark.targets import load_target
 
     folder = tmp_path_factory.mktemp("smollm2") / "hf"
-    assert cli_main(["export-target", "smollm2-135m", str(folder)]) == 0
+    assert cli_main(["export-target", "--target", "smollm2-135m", "--out", str(folder)]) == 0
     target = load_target("smollm2-135m", torch.float32)
     target.name = "smollm2-135m"
     return target, folder

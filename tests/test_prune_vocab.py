@@ -23,8 +23,8 @@ from dspark.drafters.prune import (
     read_token_ranking,
     save_token_ranking,
 )
-from dspark.evaluation_runs import _spec_path, load_drafter_spec
-from dspark.protocols import DraftContext
+from dspark.evaluation.drafter_specs import load_drafter_spec, spec_path
+from dspark.protocols import DraftContext, TargetFeatures
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
 from helpers import tiny_causal_lm
@@ -58,7 +58,7 @@ def _draft(target, drafter, seq, rid="r", sampling=None):
     target.release("p")
     drafter.release(rid)
     ctx = DraftContext([rid], [seq], [sampling or SamplingParams.greedy()], [torch.Generator().manual_seed(0)],
-                       features={"hidden": [feats], "hidden_start": [0]})
+                       features=TargetFeatures([feats], [0]))
     return drafter.draft(ctx)
 
 
@@ -150,9 +150,9 @@ def test_bad_rankings_and_specs_are_named(target, tmp_path):
 def test_drafter_specs_with_a_vocabulary_cut(target, tmp_path):
     assert parse_drafter_ref(f"{DEFAULT_DRAFTER}:vocab=8192") == (DEFAULT_DRAFTER, 8192)
     assert parse_drafter_ref("runs/x/checkpoint") == ("runs/x/checkpoint", None)
-    assert _spec_path(f"{DEFAULT_DRAFTER}:vocab=8192") == DEFAULT_DRAFTER
-    assert _spec_path(f"fast={DEFAULT_DRAFTER}:vocab=8192") == DEFAULT_DRAFTER
-    assert _spec_path("plain=runs/a") == "runs/a"
+    assert spec_path(f"{DEFAULT_DRAFTER}:vocab=8192") == DEFAULT_DRAFTER
+    assert spec_path(f"fast={DEFAULT_DRAFTER}:vocab=8192") == DEFAULT_DRAFTER
+    assert spec_path("plain=runs/a") == "runs/a"
     folder = save_pretrained(_drafter(target), tmp_path / "mine")
     save_token_ranking(folder, [[1, 2, 3, 4, 5, 6]], "test")
     label, cut, _ = load_drafter_spec(f"{folder}:vocab=4", target)
@@ -161,12 +161,12 @@ def test_drafter_specs_with_a_vocabulary_cut(target, tmp_path):
     assert label == "small" and cut.draft_size == 4
     label, whole, _ = load_drafter_spec(f"small={folder}", target)
     assert label == "small" and whole.config.draft_vocab_size is None
-    # the plugin factory (dspark generate --checkpoint) takes the same form
+    # the plugin factory (what dspark.get_drafter(kind, checkpoint=...) reads) takes the same form
     assert dspark.get_drafter("dspark", target=target, checkpoint=f"{folder}:vocab=4").draft_size == 5
 
 
 def test_calibrating_a_cut_variant_needs_its_own_out_folder(tmp_path):
-    from dspark.evaluation_runs import calibrate
+    from dspark.evaluation.calibration_run import calibrate
 
     with pytest.raises(ValueError, match="give --out"):
         calibrate(checkpoint=f"{DEFAULT_DRAFTER}:vocab=8192")

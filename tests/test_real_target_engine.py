@@ -145,8 +145,9 @@ def test_generate_cli_prints_text_and_stats(capsys):
     assert "the fastest plain step" in line
     for config in ("float32/eager", "float32/packed", "bfloat16/eager", "bfloat16/packed"):
         assert config in line, line
-    rows = [json.loads(line) for line in captured.out.splitlines() if line.startswith("{")]
-    assert len(rows) == 2
+    result = json.loads(captured.out)  # one JSON object: the requests and the totals
+    rows = result["requests"]
+    assert len(rows) == 2 and result["new_tokens"] == sum(row["new_tokens"] for row in rows)
     for row in rows:
         assert row["new_tokens"] <= 8 and row["tau"] >= 1.0 and isinstance(row["text"], str)
 
@@ -163,8 +164,8 @@ def test_generate_cli_bad_input_is_one_line(capsys):
     # refused before the model load too: empty prompts, --gamma with a checkpoint, γ out of range
     for argv, message in ((["generate", ""], "prompt 1 is empty"),
                           (["generate", "hi", "  "], "prompt 2 is empty"),
-                          (["generate", "hi", "--drafter", "dspark", "--checkpoint", DEFAULT_DRAFTER,
-                            "--gamma", "3"], "--gamma cannot be combined with --checkpoint"),
+                          (["generate", "hi", "--drafter", DEFAULT_DRAFTER, "--gamma", "3"],
+                           "--gamma cannot be combined with a trained drafter"),
                           (["generate", "hi", "--gamma", "1000"], "--gamma must lie in 1..64"),
                           (["generate", "hi", "--calibrator", "/missing.json"],
                            "calibrator file /missing.json does not exist"),
@@ -172,7 +173,7 @@ def test_generate_cli_bad_input_is_one_line(capsys):
                           (["generate", "hi", "--scheduler", "sps-gredy"], "unknown scheduler 'sps-gredy'"),
                           (["generate", "hi", "--scheduler", "sps-argmax"], "scheduler 'sps-argmax' is not lossless"),
                           (["generate", "hi", "--max-new-tokens", "-5"], "--max-new-tokens must be at least 1, got -5"),
-                          (["generate", "hi", "--drafter", "dspark", "--checkpoint", "/nonexistent"],
+                          (["generate", "hi", "--drafter", "/nonexistent"],
                            "/nonexistent is neither a drafter checkpoint folder")):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err

@@ -39,6 +39,7 @@ import reference_fixtures as rf
 from dspark.drafters.checkpoint import from_pretrained
 from dspark.engine import Engine
 from dspark.gating import DraftGate
+from dspark.protocols import TargetFeatures
 from dspark.protocols.drafter import DraftContext
 from dspark.types import SamplingParams
 from helpers import (
@@ -161,7 +162,7 @@ def _oracle(name: str, seed: int) -> dict[int | None, int] | None:
     rids = [f"oracle-{seed}-{a}" for a in anchors]
     with torch.no_grad():
         blk = drafter.draft(DraftContext(rids, [x[: a + 1] for a in anchors], [SamplingParams.greedy()] * len(anchors),
-                                         features={"hidden": [feats[:a] for a in anchors]}))
+                                         features=TargetFeatures([feats[:a] for a in anchors])))
     for rid in rids:
         drafter.release(rid)
     gamma = blk.tokens.shape[1]

@@ -338,7 +338,7 @@ def test_serve_takes_the_generate_and_demo_option_declarations():
     from dspark.checkpoints import DEFAULT_DRAFTER
     from dspark.cli import build_parser
 
-    args = build_parser().parse_args(["serve", "--model", "m", "--port", "0"])
+    args = build_parser().parse_args(["serve", "--target", "m", "--port", "0"])
     assert (args.drafter, args.dtype, args.step, args.gate, args.scheduler, args.device, args.seed) == (
         DEFAULT_DRAFTER, "auto", "auto", True, "sps-greedy", "cpu", 0)
     assert (args.host, args.port, args.served_model_name) == ("127.0.0.1", 0, None)
@@ -353,8 +353,8 @@ def test_a_killed_server_is_an_error_in_the_client_not_a_hang(tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dspark", "serve", "--model", str(folder), "--drafter", "ngram", "--dtype", "float32",
-         "--step", "eager", "--served-model-name", MODEL, "--port", str(port), "--log-level", "warning"],
+        [sys.executable, "-m", "dspark", "serve", "--target", str(folder), "--drafter", "ngram", "--dtype", "float32",
+         "--step", "eager", "--served-model-name", MODEL, "--port", str(port), "-q"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240
@@ -390,7 +390,7 @@ def test_real_target_greedy_through_the_server_equals_the_engines():
     """SmolLM2-135M (fp32) with the shipped default drafter and its calibration: chat and
     completions, streaming and not, equal the engine's own greedy output."""
     from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
-    from dspark.evaluation_runs import folder_calibrator
+    from dspark.evaluation.drafter_specs import folder_calibrator
     from dspark.targets import load_target
 
     target = load_target("smollm2-135m", torch.float32)

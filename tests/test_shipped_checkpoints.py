@@ -48,7 +48,7 @@ def test_the_default_drafter_ships_a_calibrated_stacked_confidence_for_its_gamma
     from dspark.calibration import load_calibrator
     from dspark.confidence import StackedConfidence, load_confidence_model
     from dspark.drafters.checkpoint import read_config
-    from dspark.evaluation_runs import folder_calibrator
+    from dspark.evaluation.drafter_specs import folder_calibrator
 
     folder = resolve_checkpoint(DEFAULT_DRAFTER)
     model = load_confidence_model(folder)

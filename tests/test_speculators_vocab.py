@@ -21,6 +21,7 @@ import reference_fixtures as rf
 from dspark.drafters import formats
 from dspark.drafters.checkpoint import CheckpointError, from_pretrained
 from dspark.drafters.prune import prune_draft_vocab
+from dspark.protocols import TargetFeatures
 from dspark.protocols.drafter import DraftContext
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
@@ -61,7 +62,7 @@ def _block_rounds(drafter, t, rounds):
     out = []
     for r in rounds:
         ids = t[f"round_{r}/known_ids"]
-        ctx = DraftContext(["req"], [ids], [SamplingParams.greedy()], features={"hidden": [t[f"round_{r}/target_hidden_states"]]})
+        ctx = DraftContext(["req"], [ids], [SamplingParams.greedy()], features=TargetFeatures([t[f"round_{r}/target_hidden_states"]]))
         out.append(drafter.draft(ctx))
     return out
 
@@ -96,7 +97,7 @@ def test_a_reduced_speculators_eagle3_drafts_the_references_logits_on_its_tokens
     for r in rounds:  # new features: the prompt's, then those of the tokens round r − 1 committed
         new = "prefill/target_hidden_states" if r == 1 else f"round_{r - 1}/update/target_hidden_states"
         blk = drafter.draft(DraftContext(["req"], [t[f"round_{r}/known_ids"]], [SamplingParams.greedy()],
-                                         features={"hidden": [t[new]]}))
+                                         features=TargetFeatures([t[new]])))
         assert blk.tokens[0].tolist() == t[f"round_{r}/draft_tokens"].tolist()
         torch.testing.assert_close(blk.draft_logits[0][:, kept], t[f"round_{r}/step_logits"][:, kept], atol=1e-5, rtol=0)
 
@@ -156,7 +157,7 @@ def _draft(tiny, drafter, seq, sampling=None):
     tiny.release("p")
     drafter.release("r")
     ctx = DraftContext(["r"], [seq], [sampling or SamplingParams.greedy()], [torch.Generator().manual_seed(0)],
-                       features={"hidden": [feats], "hidden_start": [0]})
+                       features=TargetFeatures([feats], [0]))
     return drafter.draft(ctx)
 
 

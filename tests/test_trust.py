@@ -56,18 +56,18 @@ def test_an_opset_the_exporter_cannot_write_is_refused_before_any_load():
 def test_cli_errors_are_one_line_with_their_exit_code(tmp_path, capsys):
     """A user's mistake: 2. With --debug the traceback is shown (the exception propagates)."""
     missing = str(tmp_path / "nope")
-    assert cli_main(["convert", missing, str(tmp_path / "out"), "--to", "speculators"]) == 2
+    assert cli_main(["convert", "--drafter", missing, "--out", str(tmp_path / "out"), "--to", "speculators"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dspark convert: error:") and err.count("\n") == 1
     with pytest.raises(Exception):  # noqa: B017 - whatever the library raised, unwrapped
-        cli_main(["--debug", "convert", missing, str(tmp_path / "out"), "--to", "speculators"])
+        cli_main(["--debug", "convert", "--drafter", missing, "--out", str(tmp_path / "out"), "--to", "speculators"])
 
 
 def test_a_closed_pipe_is_not_an_error():
     """`dspark plugins --json | head -1`: the reader leaves early; no BrokenPipe trace, exit 0."""
     proc = subprocess.run(f"{sys.executable} -m dspark plugins --json | head -1", shell=True,
                           capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip() == "[" and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+    assert proc.stdout.strip() == "{" and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
 
 
 @pytest.mark.parametrize("line, match", [
@@ -127,13 +127,28 @@ def test_every_command_has_a_one_line_summary_in_dspark_help(capsys):
         assert summary.split()[0] in out, name
 
 
+def test_every_command_follows_the_one_convention():
+    """--target, --drafter NAME|DIR, --out as options (no positional file or model arguments but
+    generate's prompts); -v / -q everywhere; --json on every command that reports."""
+    from dspark.cli import COMMANDS, build_parser
+    from dspark.cli_docs import _subcommands
+
+    for name, sub in _subcommands(build_parser()).items():
+        flags = {s for a in sub._actions for s in a.option_strings}
+        assert {"-v", "-q"} <= flags, name
+        assert ("--json" in flags) == COMMANDS[name].reports, name
+        assert not flags & {"--model", "--checkpoint", "--onnx", "--log-level"}, name
+        positional = [a.dest for a in sub._actions if not a.option_strings]
+        assert positional == (["prompts"] if name == "generate" else []), name
+
+
 def test_dspark_export_is_a_real_subcommand(tmp_path, capsys):
     """`dspark export` declares the options of python -m dspark.export (once, in dspark.export.cli)
     and fails like it: one line, exit 2, before any model loads."""
     with pytest.raises(SystemExit):
         cli_main(["export", "--help"])
     out = capsys.readouterr().out
-    assert "--onnx OUT_DIR" in out and "--profile NAME|FILE" in out
-    assert cli_main(["export", str(tmp_path / "nope"), "--onnx", str(tmp_path / "out")]) == 2
+    assert "--out OUT_DIR" in out and "--profile NAME|FILE" in out
+    assert cli_main(["export", "--drafter", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nope" in err

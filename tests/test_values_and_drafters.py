@@ -476,7 +476,7 @@ def test_load_missing_gguf_is_a_clear_error(tmp_path):
 def test_cli_demo_with_missing_model_exits_2(capsys, tmp_path):
     from dspark.cli import main
 
-    assert main(["demo", "--model", str(tmp_path / "absent"), "--out", str(tmp_path)]) == 2
+    assert main(["demo", "--target", str(tmp_path / "absent"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "dspark demo: error:" in err and "neither" in err
 
@@ -485,7 +485,7 @@ def test_cli_demo_with_a_missing_prompt_file_exits_2_before_loading_a_model(caps
     from dspark.cli import main
 
     # the model path is missing too: the prompt file is checked first, so its error is the one shown
-    assert main(["demo", "--prompts", str(tmp_path / "none.jsonl"), "--model", str(tmp_path / "absent"),
+    assert main(["demo", "--prompts", str(tmp_path / "none.jsonl"), "--target", str(tmp_path / "absent"),
                  "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "dspark demo: error: prompt file" in err and "none.jsonl does not exist" in err

@@ -11,7 +11,8 @@ import dspark
 from dspark.bench.records import summarise_run
 from dspark.bench.runner import run_level
 from dspark.engine import Engine, encode_prompt
-from dspark.evaluation_runs import eval_prompts, load_drafter_spec
+from dspark.evaluation.drafter_specs import load_drafter_spec
+from dspark.evaluation.inputs import eval_prompts
 from dspark.gating import DraftGate
 
 torch.set_num_threads(2)

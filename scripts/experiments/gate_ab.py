@@ -21,8 +21,8 @@ from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
 from dspark.demo import _encode
 from dspark.drafters.checkpoint import from_pretrained
 from dspark.engine import Engine
-from dspark.evaluation_cli import eval_prompts
-from dspark.evaluation_runs import folder_calibrator
+from dspark.evaluation.drafter_specs import folder_calibrator
+from dspark.evaluation.inputs import eval_prompts
 from dspark.gating import DraftGate
 from dspark.models import load_causal_lm
 from dspark.speculative import plain_generate

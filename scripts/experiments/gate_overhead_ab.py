@@ -13,12 +13,12 @@ import time
 import torch
 
 import dspark
-from dspark.bench.run import build_engine
-from dspark.bench.runner import parse_scheduler_spec, run_level
+from dspark.bench.runner import build_engine, parse_scheduler_spec, run_level
 from dspark.checkpoints import DEFAULT_DRAFTER
 from dspark.engine import encode_prompt
-from dspark.evaluation_runs import eval_prompts, load_drafter_spec
-from dspark.gating import GatePrior
+from dspark.evaluation.drafter_specs import load_drafter_spec
+from dspark.evaluation.inputs import eval_prompts
+from dspark.gate_forecast import GatePrior
 from dspark.targets import load_target
 from dspark.types import SamplingParams
 

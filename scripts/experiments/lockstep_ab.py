@@ -48,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import dspark
-    from dspark.bench.run import build_engine
-    from dspark.bench.runner import parse_scheduler_spec
+    from dspark.bench.runner import build_engine, parse_scheduler_spec
     from dspark.checkpoints import DEFAULT_DRAFTER
     from dspark.cost_models import SPSProfile
     from dspark.engine import encode_prompt
-    from dspark.evaluation_runs import eval_prompts, load_drafter_spec
-    from dspark.gating import GatePrior
+    from dspark.evaluation.drafter_specs import load_drafter_spec
+    from dspark.evaluation.inputs import eval_prompts
+    from dspark.gate_forecast import GatePrior
     from dspark.models import load_causal_lm
     from dspark.targets import HFTarget
     from dspark.types import SamplingParams

@@ -26,7 +26,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from dspark.engine import Completion, Engine  # noqa: E402
+from dspark.engine import Engine  # noqa: E402
 from dspark.hookspecs import hookimpl  # noqa: E402
 from dspark.plugins import PluginError, list_plugins  # noqa: E402
 from dspark.plugins import create as _create  # noqa: E402
@@ -39,9 +39,11 @@ from dspark.protocols import (  # noqa: E402
     DrafterKind,
     Scheduler,
     SequentialHead,
+    TargetFeatures,
     TargetModel,
     TargetOutput,
 )
+from dspark.request_state import Completion  # noqa: E402
 from dspark.targets import HFTarget, load_target  # noqa: E402
 from dspark.types import DraftBlock, SamplingParams, Schedule, VerifyResult  # noqa: E402
 from dspark.verify import verify, verify_greedy  # noqa: E402
@@ -81,9 +83,9 @@ def get_drafter_kind(name: str, /) -> DrafterKind:
 _LAZY = {
     "DataOptions": "dspark.data.build", "DataResult": "dspark.data.build", "build_data": "dspark.data.build",
     "TrainOptions": "dspark.training.run", "TrainResult": "dspark.training.run", "train": "dspark.training.run",
-    "CalibrateOptions": "dspark.evaluation_runs", "CalibrateResult": "dspark.evaluation_runs",
-    "calibrate": "dspark.evaluation_runs", "EvalOptions": "dspark.evaluation_runs",
-    "EvalResult": "dspark.evaluation_runs", "evaluate": "dspark.evaluation_runs",
+    "CalibrateOptions": "dspark.evaluation.calibration_run", "CalibrateResult": "dspark.evaluation.calibration_run",
+    "calibrate": "dspark.evaluation.calibration_run", "EvalOptions": "dspark.evaluation.eval_run",
+    "EvalResult": "dspark.evaluation.eval_run", "evaluate": "dspark.evaluation.eval_run",
     "BenchOptions": "dspark.bench.run", "BenchResult": "dspark.bench.run", "run_bench": "dspark.bench.run",
     "DemoOptions": "dspark.demo", "DemoResult": "dspark.demo", "run_demo": "dspark.demo",
     "from_pretrained": "dspark.drafters.checkpoint", "save_pretrained": "dspark.drafters.checkpoint",
@@ -122,6 +124,7 @@ __all__ = [
     "ConfidenceModel",
     "CostModel",
     "DraftContext",
+    "TargetFeatures",
     "Drafter",
     "Scheduler",
     "SequentialHead",

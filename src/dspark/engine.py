@@ -5,9 +5,10 @@ Every ``step()`` runs one round for all active requests (docs/serving-and-benchm
     draft → confidence → calibrate → schedule (cost model) → verify (one batched target forward)
     → commit / roll back target and draft caches → per-request metrics.
 
-Requests join (``add_request``) and leave (finish, ``abort``) between steps. The engine knows
-nothing about tokenizers beyond the optional prompt/chat encoding helpers at the edge; all parts
-are protocols resolved by name through the plugin registry.
+Requests join (``add_request``) and leave (finish, ``abort``) between steps; their state and what
+a round commits to each is :mod:`dspark.request_state`. The engine knows nothing about tokenizers
+beyond the optional prompt/chat encoding helpers at the edge; every part is typed by its protocol
+(:mod:`dspark.protocols`) and resolved by name through the plugin registry.
 """
 
 from __future__ import annotations
@@ -19,96 +20,27 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from attrs import define, field, frozen
 
 from dspark.cost_models.context import ContextBinding
 from dspark.fast.linear import route_linears
+from dspark.gating import DraftGate
 from dspark.plugins import resolve
-from dspark.protocols import DraftContext
-from dspark.round import speculative_round
+from dspark.protocols import (
+    Calibrator,
+    ConfidenceModel,
+    CostModel,
+    DraftContext,
+    Drafter,
+    Scheduler,
+    TargetFeatures,
+    TargetModel,
+    TargetOutput,
+)
+from dspark.request_state import ActiveRequest, Completion, StepOutput, catch_up_seconds
+from dspark.round import RoundInfo, speculative_round
 from dspark.types import SamplingParams
 
-__all__ = ["Engine", "encode_prompt", "RequestMetrics", "RoundInfo", "StepOutput", "Completion"]
-
-
-@define
-class RequestMetrics:
-    rounds: int = 0
-    proposed: list[int] = field(factory=list)  # valid draft length per round
-    verified: list[int] = field(factory=list)  # ℓ per round
-    accepted: list[int] = field(factory=list)  # accepted drafts per round
-    confidence: list[list[float]] = field(factory=list)  # raw confidence logits [γ] per round
-
-    @property
-    def tau(self) -> float:
-        """Mean committed tokens per round."""
-        return (sum(self.accepted) + self.rounds) / max(self.rounds, 1)
-
-    def accepted_per_position(self, gamma: int) -> list[int]:
-        """How many rounds accepted position j (1-based), j = 1..γ."""
-        return [sum(a >= j for a in self.accepted) for j in range(1, gamma + 1)]
-
-    def to_dict(self) -> dict[str, Any]:
-        n = max(self.rounds, 1)
-        return {"rounds": self.rounds, "tau": self.tau, "mean_proposed": sum(self.proposed) / n,
-                "mean_verified": sum(self.verified) / n, "accepted": sum(self.accepted)}
-
-
-@define
-class _Request:
-    rid: str
-    tokens: torch.Tensor  # [n] committed ids (prompt + output)
-    prompt_len: int
-    sampling: SamplingParams
-    max_new_tokens: int
-    stop_ids: frozenset[int]
-    generator: torch.Generator
-    # Target features [n, m·d] of committed positions the drafter has not seen yet, in order (one
-    # chunk per round; several after rounds the draft gate skipped, joined when drafting), the
-    # first row at position feature_start. Rounds run without capture leave a gap: the features
-    # are dropped and the next captured ones restart the drafter's context (DraftingLoop.cache_for).
-    features: list[torch.Tensor] = field(factory=list)
-    feature_start: int = 0
-    finished: str | None = None  # "length" | "stop" | "abort"
-    metrics: RequestMetrics = field(factory=RequestMetrics)
-
-    @property
-    def output(self) -> list[int]:
-        return self.tokens[self.prompt_len :].tolist()
-
-
-@frozen
-class RoundInfo:
-    """What the last ``step()`` did, for benchmarks and simulators (lists are per active request)."""
-
-    num_requests: int
-    lengths: list[int]  # ℓ_r verified
-    accepted: list[int]  # accepted drafts
-    batch_size: int  # B under the cost model's accounting (padded count without a cost model)
-    drafted: bool  # False: plain decoding (no drafter, or the draft gate skipped it)
-    expected_tokens: float  # the scheduler's τ̂ (R on plain rounds)
-    draft_seconds: float  # drafter + confidence + calibration + schedule
-    target_seconds: float
-    seconds: float
-    context: float = 0.0  # mean KV context per request the round verified over (tokens)
-
-
-@frozen
-class StepOutput:
-    request_id: str
-    new_tokens: list[int]
-    finished: str | None
-
-
-@frozen
-class Completion:
-    request_id: str
-    prompt_ids: list[int]
-    output_ids: list[int]
-    text: str | None
-    finish_reason: str
-    metrics: dict[str, Any]
-    rounds: RequestMetrics | None = None  # per-round proposed/verified/accepted/confidence
+__all__ = ["Engine", "encode_prompt"]
 
 
 def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict] | Sequence[int] | torch.Tensor,
@@ -143,37 +75,37 @@ class Engine:
 
     def __init__(
         self,
-        target: Any,
-        drafter: Any = None,
+        target: TargetModel,
+        drafter: Drafter | str | None = None,
         *,
-        scheduler: Any = "sps-greedy",
-        cost_model: Any = "sps-table",
-        calibrator: Any = "identity",
-        confidence_model: Any = None,
-        draft_gate: Any = None,
+        scheduler: Scheduler | str = "sps-greedy",
+        cost_model: CostModel | str | None = "sps-table",
+        calibrator: Calibrator | str = "identity",
+        confidence_model: ConfidenceModel | str | None = None,
+        draft_gate: DraftGate | bool | None = None,
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         capture_ahead: int = 64,
     ) -> None:
         if not isinstance(capture_ahead, int) or capture_ahead < 1:
             raise ValueError(f"capture_ahead must be an integer >= 1, got {capture_ahead!r}")
-        self.target = target
-        self.drafter = resolve("drafters", drafter) if drafter is not None else None
+        self.target: TargetModel = target
+        self.drafter: Drafter | None = resolve("drafters", drafter) if drafter is not None else None
         if isinstance(self.drafter, torch.nn.Module):  # bf16 on a CPU: its linears packed once (dspark.fast.linear)
             route_linears(self.drafter)
-        self.scheduler = resolve("schedulers", scheduler)
-        self.cost_model = resolve("cost_models", cost_model) if cost_model is not None else None
+        self.scheduler: Scheduler = resolve("schedulers", scheduler)
+        self.cost_model: CostModel | None = resolve("cost_models", cost_model) if cost_model is not None else None
         self._cost_model_at = ContextBinding(self.cost_model)  # read at each round's KV context
-        self.calibrator = resolve("calibrators", calibrator)
+        self.calibrator: Calibrator = resolve("calibrators", calibrator)
         if confidence_model is None:
-            confidence_model = getattr(self.drafter, "confidence_model", None) or "draft-head"
-        self.confidence_model = resolve("confidence_models", confidence_model)
-        if getattr(self.confidence_model, "calibrated", False) and getattr(self.calibrator, "name", "") != "identity":
+            confidence_model = (self.drafter.confidence_model if self.drafter is not None else None) or "draft-head"
+        self.confidence_model: ConfidenceModel = resolve("confidence_models", confidence_model)
+        if self.confidence_model.calibrated and self.calibrator.name != "identity":
             raise ValueError(
                 f"confidence model {self.confidence_model.name!r} gives calibrated logits already; calibrator "
                 f"{self.calibrator.name!r} would calibrate them twice (pass calibrator='identity', or "
                 "confidence_model='draft-head' to calibrate the head's logits)")
-        if not getattr(self.scheduler, "lossless", False):
+        if not self.scheduler.lossless:
             raise ValueError(
                 f"scheduler {self.scheduler.name!r} is not lossless; the engine only runs schedules "
                 "that preserve the target's distribution"
@@ -189,18 +121,15 @@ class Engine:
         # capture_ahead rounds away: a long skip then costs no capture and no catch-up, and the
         # drafter restarts its context where the features resume (lossless; drafts see less context).
         self.capture_ahead = capture_ahead
-        self._capturing = bool(self.drafter is not None and self.drafter.target_layer_ids)
         if draft_gate is True:
-            from dspark.gating import DraftGate
-
             draft_gate = DraftGate()
         if draft_gate and self.cost_model is None:
             raise ValueError("draft_gate needs a cost model to compare drafting with plain decoding")
-        self.draft_gate = draft_gate or None
+        self.draft_gate: DraftGate | None = draft_gate or None
         self.last_round: RoundInfo | None = None
         self.seed = seed
         self.clock = clock
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, ActiveRequest] = {}
         self._ids = itertools.count()
         # Seconds per part, summed over rounds: draft (drafter.draft, of which sequential_head),
         # target (the verification forward), and round (the whole step).
@@ -249,8 +178,8 @@ class Engine:
         out = self.target.prefill([rid], [ids], logits=False)  # only the cache and features are used
         if seed is None:
             seed = self.seed * 1_000_003 + zlib.crc32(rid.encode())
-        req = _Request(rid, ids, ids.numel(), sampling, max_new_tokens, frozenset(stops),
-                       torch.Generator().manual_seed(int(seed)))
+        req = ActiveRequest(rid, ids, ids.numel(), sampling, max_new_tokens, frozenset(stops),
+                            torch.Generator().manual_seed(int(seed)))
         feats = self._features(out)
         req.features = [feats[0, : int(out.lengths[0])]] if feats is not None else []
         self._requests[rid] = req
@@ -285,7 +214,7 @@ class Engine:
         ``while engine.active: engine.step()`` ends."""
         return [rid for rid, r in self._requests.items() if r.finished is None]
 
-    def _features(self, out: Any) -> torch.Tensor | None:
+    def _features(self, out: TargetOutput) -> torch.Tensor | None:
         """The captured hidden states of every output row, concatenated over the drafter's layers:
         [R, q, m·d] (one copy per round; each request keeps a view of its row), or None."""
         hs = out.hidden_states
@@ -304,16 +233,12 @@ class Engine:
     def _capture(self, on: bool) -> None:
         """Have the target capture the drafter's layers (``on``) or none before its next forward.
         Engines may share a target (``dspark bench --interleave`` steps several in turn), so the
-        target's own setting is what is compared, where it tells it: another engine may have
+        target's own setting (``capture_layers``) is what is compared: another engine may have
         changed it since this one's last round (a gated engine switching capture off left a drafting
         neighbour without features, and a plain one paying for capture)."""
         want = tuple(self.drafter.target_layer_ids) if on and self.drafter is not None else ()
-        have = getattr(self.target, "capture_layers", None)
-        if have is None:  # a target that does not say: what this engine last set
-            have = tuple(self.drafter.target_layer_ids) if self._capturing else ()
-        if tuple(have) != want:
+        if tuple(self.target.capture_layers) != want:
             self.target.set_capture_layers(want)
-        self._capturing = on
 
     # -- one round ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -324,70 +249,45 @@ class Engine:
         t_round = self.clock()
         rids = [r.rid for r in reqs]
         R = len(reqs)
-        gens = [r.generator for r in reqs]
-        # Room for drafts: the round commits accepted + 1 tokens, within max_new_tokens and the
-        # target's context (the anchor and ℓ drafts enter the cache).
-        room = torch.tensor([
-            min(r.max_new_tokens - (r.tokens.numel() - r.prompt_len) - 1,
-                self.target.max_context - r.tokens.numel() - 1)
-            for r in reqs
-        ]).clamp_min(0)  # [R]
+        max_context = self.target.max_context
+        room = torch.tensor([r.room(max_context) for r in reqs]).clamp_min(0)  # [R]
         before = [self.target.cached_length(rid) for rid in rids]
-        cost_model = self._cost_model_at(sum(before) / R, R)  # read at this round's KV context
+        context = sum(before) / R  # mean KV context per request
+        cost_model = self._cost_model_at(context, R)  # read at this round's KV context
         drafted = self.drafter is not None and (self.draft_gate is None
                                                 or self.draft_gate.should_draft(rids, cost_model))
+        drafter = self.drafter if drafted else None
         # Features wait in r.features while the gate skips drafting; the next drafted round gets them
         # all, from r.feature_start on (a request without any: its context restarts at the anchor).
-        features = {}
-        if drafted and self.drafter.target_layer_ids:
-            width = len(self.drafter.target_layer_ids) * self.target.hidden_size
-            features = {
-                "hidden": [(r.features[0] if len(r.features) == 1 else torch.cat(r.features)) if r.features
-                           else torch.empty(0, width) for r in reqs],
-                "hidden_start": [r.feature_start if r.features else r.tokens.numel() - 1 for r in reqs]}
-        ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], gens,
+        features = None
+        if drafter is not None and drafter.target_layer_ids:
+            width = len(drafter.target_layer_ids) * self.target.hidden_size
+            features = TargetFeatures([r.pending_features(width) for r in reqs], [r.pending_start() for r in reqs])
+        ctx = DraftContext(rids, [r.tokens for r in reqs], [r.sampling for r in reqs], [r.generator for r in reqs],
                            max_lengths=room, features=features)
         self._capture(self._features_wanted())
 
-        def verify_fn(tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        def verify_fn(tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[TargetOutput, torch.Tensor]:
             out = self.target.verify(rids, tokens, lengths)  # logits [R, 1+γ, V]
             return out, out.logits
 
         res = speculative_round(
-            ctx, verify_fn, drafter=self.drafter if drafted else None, confidence_model=self.confidence_model,
+            ctx, verify_fn, drafter=drafter, confidence_model=self.confidence_model,
             calibrator=self.calibrator, scheduler=self.scheduler, cost_model=cost_model, clock=self.clock)
-        block, raw, out = res.block, res.confidence_logits, res.output
-        lengths, expected, accepted, committed = res.lengths, res.expected_tokens, res.accepted, res.committed
-        gamma, t_draft, t_target = res.gamma, res.draft_seconds, res.verify_seconds
-        catch_up = self._catch_up_seconds(reqs, features) if drafted and self.draft_gate is not None else 0.0
-        if drafted:
-            self.timings["draft"] += t_draft
-            self.timings["sequential_head"] += self.drafter.timings.get("sequential_head", 0.0)
+        catch_up = 0.0
+        if drafter is not None:
+            if features is not None and self.draft_gate is not None:
+                catch_up = catch_up_seconds(reqs, features, drafter.timings)
+            self.timings["draft"] += res.draft_seconds
+            self.timings["sequential_head"] += drafter.timings.get("sequential_head", 0.0)
             for r in reqs:
                 r.features = []
-        self.timings["target"] += t_target
-        keep = torch.tensor(before) + 1 + accepted  # anchor + accepted drafts stay cached
-        self.target.rollback(rids, keep)
+        self.timings["target"] += res.verify_seconds
+        self.target.rollback(rids, torch.tensor(before) + 1 + res.accepted)  # anchor + accepted drafts stay cached
+        feats = self._features(res.output)  # [R, 1 + γ, m·d] or None (no capture this round)
         outputs = []
-        feats = self._features(out)  # [R, 1 + γ, m·d] or None (no capture this round)
         for i, r in enumerate(reqs):
-            n_acc = int(accepted[i])
-            new = committed[i, : n_acc + 1].tolist()
-            if feats is not None:
-                if not r.features:
-                    r.feature_start = before[i]  # the anchor's position
-                r.features.append(feats[i, : n_acc + 1])
-            else:
-                r.features = []  # a gap: the drafter restarts where capture resumes
-            m = r.metrics
-            m.rounds += 1
-            m.verified.append(int(lengths[i]))
-            m.accepted.append(n_acc)
-            m.proposed.append(int(block.valid_lengths[i]) if gamma else 0)
-            if gamma:
-                m.confidence.append(raw[i].tolist())
-            new = self._truncate(r, new)
-            r.tokens = torch.cat([r.tokens, torch.tensor(new, dtype=torch.long)])
+            new = r.commit(res, i, feats, before[i], max_context)  # may finish the request
             outputs.append(StepOutput(r.rid, new, r.finished))
         for o in outputs:
             if o.finished:
@@ -395,56 +295,12 @@ class Engine:
         seconds = self.clock() - t_round
         self.timings["round"] += seconds
         self.rounds += 1
-        B = (cost_model.batch_size(lengths) if cost_model is not None
-             else R * (1 + int(lengths.max())))
-        if self.draft_gate is not None:
-            self.draft_gate.observe(R, drafted, R + int(accepted.sum()), seconds, cost_model,
-                                    draft_seconds=t_draft if drafted else None, gamma=gamma, catch_up=catch_up,
-                                    expected=float(expected) if drafted else None,
-                                    lengths=lengths, accepted=accepted, target_seconds=t_target,
-                                    survival=torch.cumprod(res.confidence, dim=1) if res.confidence is not None else None)
-        self.last_round = RoundInfo(R, lengths.tolist(), accepted.tolist(), int(B), drafted, expected,
-                                    t_draft, t_target, seconds, sum(before) / R)
+        B = (cost_model.batch_size(res.lengths) if cost_model is not None
+             else R * (1 + int(res.lengths.max())))
+        if self.draft_gate is not None and cost_model is not None:
+            self.draft_gate.observe(res, seconds, cost_model, catch_up)
+        self.last_round = RoundInfo.from_result(res, int(B), seconds, context)
         return outputs
-
-    def _catch_up_seconds(self, reqs: list[_Request], features: dict[str, Any]) -> float:
-        """The part of this drafted round's context ingestion that drafting every round would not
-        have paid here: the feature rows captured in skipped rounds. What drafting every round pays
-        too is steady: each request's newest capture (the anchor and the tokens the last round
-        accepted) and its prompt (a request joining pays it once whenever it drafts first; at high
-        concurrency with turnover that is a real share of every round). The drafter's measured
-        ingest time (``timings["ingest"]``) is split in proportion to the rows. The draft gate
-        judges drafting on what drafting every round costs: the catch-up is the price of the skip
-        before it, and charging it to the probe after the skip made that probe look like a loss
-        (then the next skip was longer, and its probe's catch-up larger)."""
-        ingest = float(self.drafter.timings.get("ingest", 0.0))
-        rows = [int(h.shape[0]) for h in features.get("hidden", [])]
-        total = sum(rows)
-        if ingest <= 0.0 or total == 0:
-            return 0.0
-        steady = 0
-        for r, n in zip(reqs, rows):
-            if not r.features:
-                continue
-            chunks = [int(c.shape[0]) for c in r.features]
-            prompt = chunks[0] if r.feature_start == 0 else 0  # the prefill capture starts at position 0
-            newest = chunks[-1] if len(chunks) > (1 if prompt else 0) else 0
-            steady += min(prompt + newest, n)
-        return ingest * (total - steady) / total
-
-    def _truncate(self, r: _Request, new: list[int]) -> list[int]:
-        """Cut at the first stop token (kept) and at max_new_tokens; mark the request finished."""
-        for k, t in enumerate(new):
-            if t in r.stop_ids:
-                r.finished = "stop"
-                return new[: k + 1]
-        room = r.max_new_tokens - (r.tokens.numel() - r.prompt_len)
-        if len(new) >= room:
-            r.finished = "length"
-            return new[:room]
-        if r.tokens.numel() + len(new) >= self.target.max_context:
-            r.finished = "length"
-        return new
 
     # -- conveniences ---------------------------------------------------------------------
     def stream(self) -> Iterator[StepOutput]:

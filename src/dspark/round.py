@@ -19,13 +19,20 @@ from typing import Any
 import torch
 from attrs import frozen
 
-from dspark.protocols import DraftContext
+from dspark.protocols import (
+    Calibrator,
+    ConfidenceModel,
+    CostModel,
+    DraftContext,
+    Drafter,
+    Scheduler,
+)
 from dspark.sampling import probs_for_requests, sample
 from dspark.schedulers import build_schedule, with_sunk_seconds
 from dspark.types import DraftBlock, SamplingParams
 from dspark.verify import verify, verify_greedy
 
-__all__ = ["RoundResult", "speculative_round", "accept"]
+__all__ = ["RoundInfo", "RoundResult", "speculative_round", "accept"]
 
 VerifyFn = Callable[[torch.Tensor, torch.Tensor], tuple[Any, torch.Tensor]]
 
@@ -48,6 +55,51 @@ class RoundResult:
     @property
     def gamma(self) -> int:
         return 0 if self.block is None else self.block.gamma
+
+    @property
+    def num_requests(self) -> int:
+        """R, the requests of the round."""
+        return self.lengths.numel()
+
+    @property
+    def drafted(self) -> bool:
+        """False for a plain step (no drafter, or the draft gate skipped it)."""
+        return self.block is not None
+
+    @property
+    def committed_tokens(self) -> int:
+        """Tokens the round committed over all requests: R + Σ accepted."""
+        return self.num_requests + int(self.accepted.sum())
+
+    @property
+    def survival(self) -> torch.Tensor | None:
+        """[R, γ] calibrated prefix survival a_{r,j} = Π_{i≤j} c_{r,i} (None: a plain step)."""
+        return None if self.confidence is None else torch.cumprod(self.confidence, dim=1)
+
+
+@frozen
+class RoundInfo:
+    """What the engine's last ``step()`` did, for benchmarks and simulators (lists are per active
+    request; seconds on the engine's clock)."""
+
+    num_requests: int
+    lengths: list[int]  # ℓ_r verified
+    accepted: list[int]  # accepted drafts
+    batch_size: int  # B under the cost model's accounting (padded count without a cost model)
+    drafted: bool  # False: plain decoding (no drafter, or the draft gate skipped it)
+    expected_tokens: float  # the scheduler's τ̂ (R on plain rounds)
+    draft_seconds: float  # drafter + confidence + calibration + schedule
+    target_seconds: float
+    seconds: float
+    context: float = 0.0  # mean KV context per request the round verified over (tokens)
+
+    @classmethod
+    def from_result(cls, result: RoundResult, batch_size: int, seconds: float, context: float) -> RoundInfo:
+        """The record of ``result``, a round of ``batch_size`` verified tokens (B) that took
+        ``seconds`` in all over a mean KV ``context`` per request."""
+        return cls(result.num_requests, result.lengths.tolist(), result.accepted.tolist(), int(batch_size),
+                   result.drafted, result.expected_tokens, result.draft_seconds, result.verify_seconds,
+                   seconds, context)
 
 
 def accept(
@@ -84,15 +136,16 @@ def speculative_round(
     context: DraftContext,
     verify_fn: VerifyFn,
     *,
-    drafter: Any = None,
-    confidence_model: Any = None,
-    calibrator: Any = None,
-    scheduler: Any = None,
-    cost_model: Any = None,
+    drafter: Drafter | None = None,
+    confidence_model: ConfidenceModel | None = None,
+    calibrator: Calibrator | None = None,
+    scheduler: Scheduler | None = None,
+    cost_model: CostModel | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> RoundResult:
     """One round for the requests of ``context`` (their committed ids, sampling, generators and
-    room for drafts). ``drafter=None`` runs a plain step: verify_fn gets the anchors alone."""
+    room for drafts). ``drafter=None`` runs a plain step: verify_fn gets the anchors alone; a
+    drafted round needs the confidence model, the calibrator and the scheduler."""
     R = len(context.request_ids)
     anchors = torch.stack([ids[-1] for ids in context.token_ids]).long()  # [R]
     block, raw, calibrated, expected = None, None, None, float(R)

@@ -29,28 +29,23 @@ JSON format (``to_dict`` / ``save`` / :func:`load_calibrator`)::
 ``ece_before`` / ``ece_after`` are per-position survival ECEs on the fitting data under the raw
 σ(z) and under the fitted calibrator (``null`` where a position had no verified rows).
 
-Modules: :mod:`~dspark.calibration.calibrators` (the three calibrators),
-:mod:`~dspark.calibration.fitting` (input checks, the temperature searches, the fit record's
-ECEs), :mod:`~dspark.calibration.format` (the JSON format's helpers and :class:`FitInfo`),
-:mod:`~dspark.calibration.loading` (:func:`load_calibrator`) and
+Modules: :mod:`~dspark.calibration.temperature` (identity and the single temperature),
+:mod:`~dspark.calibration.sts` (STS and STS + bias), :mod:`~dspark.calibration.fitting` (input
+checks, the temperature searches, the fit record's ECEs), :mod:`~dspark.calibration.format` (the JSON format's helpers and :class:`FitInfo`),
+:mod:`~dspark.calibration.loading` (:func:`load_calibrator`, :data:`BUILTIN_CALIBRATORS`) and
 :mod:`~dspark.calibration.synthetic` (rounds with known miscalibration). Everything public is
 importable from ``dspark.calibration``.
 """
 
 from __future__ import annotations
 
-from dspark.calibration.calibrators import (
-    BUILTIN_CALIBRATORS,
-    IdentityCalibrator,
-    STSBiasCalibrator,
-    STSCalibrator,
-    TemperatureCalibrator,
-)
 from dspark.calibration.format import FORMAT as FORMAT  # the format's constants, outside __all__
 from dspark.calibration.format import FORMAT_VERSION as FORMAT_VERSION
 from dspark.calibration.format import CalibratorFormatError, FitInfo
-from dspark.calibration.loading import load_calibrator
+from dspark.calibration.loading import BUILTIN_CALIBRATORS, load_calibrator
+from dspark.calibration.sts import STSBiasCalibrator, STSCalibrator
 from dspark.calibration.synthetic import SyntheticRounds, synthetic_rounds
+from dspark.calibration.temperature import IdentityCalibrator, TemperatureCalibrator
 
 __all__ = [
     "BUILTIN_CALIBRATORS",

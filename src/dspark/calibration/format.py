@@ -1,7 +1,8 @@
 """The calibrator JSON format: its error class, the fit record and the dump/load helpers.
 
 The format itself is described once, in :mod:`dspark.calibration`; the calibrators in
-:mod:`dspark.calibration.calibrators` write and read it through these helpers.
+:mod:`dspark.calibration.temperature` and :mod:`dspark.calibration.sts` write and read it through
+these helpers.
 """
 
 from __future__ import annotations

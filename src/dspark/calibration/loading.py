@@ -8,10 +8,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dspark.calibration.calibrators import BUILTIN_CALIBRATORS
 from dspark.calibration.format import FORMAT_VERSION, CalibratorFormatError, require
+from dspark.calibration.sts import STSBiasCalibrator, STSCalibrator
+from dspark.calibration.temperature import IdentityCalibrator, TemperatureCalibrator
 
-__all__ = ["load_calibrator"]
+__all__ = ["BUILTIN_CALIBRATORS", "load_calibrator"]
+
+BUILTIN_CALIBRATORS: dict[str, type] = {
+    cls.name: cls
+    for cls in (IdentityCalibrator, TemperatureCalibrator, STSCalibrator, STSBiasCalibrator)
+}
+"""The built-in calibrators by their JSON ``"name"`` (the dispatch key of :func:`load_calibrator`)."""
 
 
 def load_calibrator(source: str | Path | Mapping[str, Any]) -> Any:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).parent / "smollm2-135m"
 # The main job's drafter: the paper's configuration in the reference layout (5 Qwen3 draft layers,
 # vanilla head, full vocabulary), trained 10,000 steps on the 1 M-token natural data (dspark-5l's
 # 3,000, continued by 4,000 as dspark-5l-long, then by 3,000 more), so
-# `dspark convert dspark-5l-xl OUT --to speculators --target smollm2-135m` gives what vLLM serves.
+# `dspark convert --drafter dspark-5l-xl --out OUT --to speculators --target smollm2-135m` gives what vLLM serves.
 # The baselines are the paper configuration's runs in the reference layout too (so they convert the
 # same way): `dflash` is the run dflash-5l (5 draft layers, full vocabulary) and `eagle3` the run
 # eagle3-1l (1 layer, 4,096-token draft vocabulary), trained 3,000 steps on the same data.

@@ -30,7 +30,7 @@ import attrs
 import torch
 
 from dspark.drafters.vocab import NEG
-from dspark.protocols.drafter import DraftContext
+from dspark.protocols.drafter import DraftContext, TargetFeatures
 from dspark.types import SamplingParams
 
 __all__ = ["ParityReport", "compare_drafters", "no_tf32", "natural_prompts", "capture_features",
@@ -276,8 +276,8 @@ def _compare(reference: Any, exported: Any, target: Any, prompt_lengths: Sequenc
                 sampling = [SamplingParams(temperature=1.0)] * len(tokens)
                 gens_a = [torch.Generator().manual_seed(100 + i) for i in range(len(tokens))]
                 gens_b = [torch.Generator().manual_seed(100 + i) for i in range(len(tokens))]
-            a = reference.draft(DraftContext(rids, tokens, sampling, gens_a, features={"hidden": feats}))
-            b = exported.draft(DraftContext(rids, tokens, sampling, gens_b, features={"hidden": feats}))
+            a = reference.draft(DraftContext(rids, tokens, sampling, gens_a, features=TargetFeatures(feats)))
+            b = exported.draft(DraftContext(rids, tokens, sampling, gens_b, features=TargetFeatures(feats)))
             finite &= bool(torch.isfinite(b.draft_logits.float()).all())
             diffs["logits"] = max(diffs["logits"], _maxdiff(a.draft_logits, b.draft_logits))
             kept = a.draft_logits[a.draft_logits > NEG / 2]  # not the "outside the draft vocabulary" fill

@@ -7,7 +7,7 @@ checks it at registration (see :mod:`dspark.plugins`).
 from dspark.protocols.calibrator import Calibrator
 from dspark.protocols.confidence import ConfidenceModel
 from dspark.protocols.cost_model import ContextAwareCostModel, CostModel
-from dspark.protocols.drafter import DraftContext, Drafter
+from dspark.protocols.drafter import DraftContext, Drafter, TargetFeatures
 from dspark.protocols.drafter_kind import DrafterKind
 from dspark.protocols.scheduler import Scheduler
 from dspark.protocols.sequential_head import SequentialHead, TargetBoundHead
@@ -24,6 +24,7 @@ __all__ = [
     "Scheduler",
     "SequentialHead",
     "TargetBoundHead",
+    "TargetFeatures",
     "TargetModel",
     "TargetOutput",
 ]

@@ -15,8 +15,13 @@ class ConfidenceModel(Protocol):
 
     Losslessness (docs/concepts.md §5): the logit at position j may read h_j, q_j and x̂_{j-1}, never the
     draft token x̂_j itself nor any later position.
+
+    ``calibrated`` is True when the logits are calibrated as they come (σ(logit) is the per-step
+    acceptance probability, as a model fitted by log-loss on held-out rounds gives): the engine then
+    refuses a calibrator other than ``identity``, which would calibrate them twice.
     """
 
     name: str
+    calibrated: bool
 
     def confidence_logits(self, block: DraftBlock) -> torch.Tensor: ...

@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from attrs import field, frozen
 
+from dspark.protocols.confidence import ConfidenceModel
 from dspark.types import DraftBlock, SamplingParams
+
+
+@frozen
+class TargetFeatures:
+    """The target's hidden states at a drafter's ``target_layer_ids`` for the committed positions
+    the drafter has not seen yet, per request.
+
+    ``hidden[r]`` holds one row per such position, in order: the states of the m target layers
+    (width d each) concatenated. ``start[r]`` is the absolute position of request r's first row;
+    None (for the batch or a request) means right after what the drafter already holds. A start
+    beyond the drafter's context restarts it there: the engine leaves a gap where rounds ran
+    without capture (:meth:`dspark.drafters.loop.DraftingLoop.cache_for`).
+    """
+
+    hidden: Sequence[torch.Tensor] = field()  # R × [n_new_r, m·d] float
+    start: Sequence[int | None] | None = field(default=None)  # R absolute positions of row 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.start is not None and len(self.start) != len(self.hidden):
+            raise ValueError(f"TargetFeatures: {len(self.hidden)} requests' rows but {len(self.start)} start positions")
 
 
 @frozen
@@ -16,8 +37,8 @@ class DraftContext:
     """What the engine hands a drafter for one round of R requests.
 
     ``token_ids`` are each request's committed tokens so far (prompt + output); the last one is the
-    anchor. ``features`` carries target-side tensors a neural drafter needs (e.g. the target's
-    hidden states at ``target_layer_ids`` for the newly committed positions), keyed by name.
+    anchor. ``features`` carries the target's hidden states a neural drafter reads
+    (:class:`TargetFeatures`; None for a drafter that reads none, as the n-gram drafter).
     """
 
     request_ids: Sequence[str] = field()
@@ -25,7 +46,7 @@ class DraftContext:
     sampling: Sequence[SamplingParams] = field()
     generators: Sequence[torch.Generator] | None = field(default=None)
     max_lengths: torch.Tensor | None = field(default=None)  # [R] int64 room left per request
-    features: Mapping[str, Any] = field(factory=dict)
+    features: TargetFeatures | None = field(default=None)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.request_ids)
@@ -51,9 +72,12 @@ class Drafter(Protocol):
 
     A drafter may keep per-request state (a draft KV cache); ``release`` frees it when a request
     leaves. ``vocab_size`` must equal the target's. ``target_layer_ids`` names the target layers
-    whose hidden states it reads from ``DraftContext.features["hidden"]`` (``()``: none, as the
-    n-gram drafter); ``timings`` holds the seconds per part of its last ``draft`` call (at least
-    ``{}``; ``"sequential_head"`` is reported by the engine).
+    whose hidden states it reads from ``DraftContext.features`` (``()``: none, as the n-gram
+    drafter); ``timings`` holds the seconds per part of its last ``draft`` call (at least ``{}``;
+    the engine reports ``"sequential_head"`` and charges ``"ingest"``, the context catch-up, to the
+    draft gate). ``confidence_model`` is the confidence model fitted for this drafter (a checkpoint
+    folder's ``confidence.json``), which the engine uses unless told otherwise; None: none of its
+    own (the engine's default, ``draft-head``, applies).
     """
 
     name: str
@@ -61,6 +85,7 @@ class Drafter(Protocol):
     vocab_size: int
     target_layer_ids: tuple[int, ...]
     timings: Mapping[str, float]
+    confidence_model: ConfidenceModel | None
 
     def draft(self, context: DraftContext) -> DraftBlock: ...
 

@@ -35,8 +35,10 @@ class TargetModel(Protocol):
     hidden states only.
 
     ``set_capture_layers(ids)`` chooses the decoder layers whose hidden states every output
-    carries (the drafter's ``target_layer_ids``; ``()`` for none); ``cached_length(id)`` is the
-    number of tokens in a request's cache; ``tokenizer`` (or None) encodes prompts and names EOS.
+    carries (the drafter's ``target_layer_ids``; ``()`` for none) and ``capture_layers`` is that
+    choice as it stands (engines sharing a target compare it before each round, since another may
+    have changed it); ``cached_length(id)`` is the number of tokens in a request's cache;
+    ``tokenizer`` (or None) encodes prompts and names EOS.
     """
 
     vocab_size: int
@@ -45,6 +47,7 @@ class TargetModel(Protocol):
     max_context: int
     accounting: str
     tokenizer: Any
+    capture_layers: tuple[int, ...]
 
     def set_capture_layers(self, layer_ids: Sequence[int]) -> None: ...
 
