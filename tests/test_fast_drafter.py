@@ -119,6 +119,19 @@ def test_sampling_through_a_compiled_drafter_matches_the_target():
     assert drafter.loop.runner.path == "compiled"
 
 
+def _assert_falls_back_to_eager(caplog, logger, error, drafter, eager, runner, context):
+    """A graph failing on ``drafter``'s runner: one warning naming ``error``, the runner now eager,
+    and the block drafted equal to the eager drafter's."""
+    with caplog.at_level(logging.WARNING, logger=logger):
+        got = drafter.draft(context)
+    (record,) = [r for r in caplog.records if r.name == logger]
+    assert error in record.getMessage() and "runs eager" in record.getMessage()
+    assert runner.path == "eager"
+    want = eager.draft(context)
+    assert torch.equal(got.tokens, want.tokens)
+    torch.testing.assert_close(got.draft_logits, want.draft_logits, atol=1e-5, rtol=1e-5)
+
+
 def test_a_graph_that_fails_to_compile_runs_eager_in_one_sentence(caplog):
     model = _model()
     target = FastTarget(model, path="packed")
@@ -132,14 +145,8 @@ def test_a_graph_that_fails_to_compile_runs_eager_in_one_sentence(caplog):
 
     runner._graphs = {name: (failing, outputs) for name, (_m, outputs) in
                       {g.name: (g.module, g.outputs) for g in compiled.graph_specs(compiled, live=True)}.items()}
-    with caplog.at_level(logging.WARNING, logger="dspark.drafters.loop"):
-        got = compiled.draft(contexts[0])
-    (record,) = [r for r in caplog.records if r.name == "dspark.drafters.loop"]
-    assert "LoweringException" in record.getMessage() and "runs eager" in record.getMessage()
-    assert runner.path == "eager"
-    want = eager.draft(contexts[0])
-    assert torch.equal(got.tokens, want.tokens)
-    torch.testing.assert_close(got.draft_logits, want.draft_logits, atol=1e-5, rtol=1e-5)
+    _assert_falls_back_to_eager(caplog, "dspark.drafters.loop", "LoweringException", compiled, eager, runner,
+                                contexts[0])
 
 
 def test_no_compiler_leaves_the_drafter_eager(monkeypatch, caplog):
@@ -303,14 +310,7 @@ def test_a_graph_that_fails_in_onnxruntime_runs_eager_in_one_sentence(caplog):
         raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : a shape the kernel rejects")
 
     runner.sessions.run = failing
-    with caplog.at_level(logging.WARNING, logger="dspark.export.live"):
-        got = ort.draft(contexts[0])
-    (record,) = [r for r in caplog.records if r.name == "dspark.export.live"]
-    assert "INVALID_ARGUMENT" in record.getMessage() and "runs eager" in record.getMessage()
-    assert runner.path == "eager"
-    want = eager.draft(contexts[0])
-    assert torch.equal(got.tokens, want.tokens)
-    torch.testing.assert_close(got.draft_logits, want.draft_logits, atol=1e-5, rtol=1e-5)
+    _assert_falls_back_to_eager(caplog, "dspark.export.live", "INVALID_ARGUMENT", ort, eager, runner, contexts[0])
 
 
 @needs_onnx
