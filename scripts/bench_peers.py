@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
                    "package's default drafter)")
     p.add_argument("--steps", default="eager,packed", help="dspark plain-engine step paths to run "
                    "(eager, packed, compiled)")
+    p.add_argument("--speculative-step", default=None, help="the step path of the speculative runner "
+                   "(default: packed when it is among --steps, else the last of them)")
+    p.add_argument("--draft-runner", default="eager", help="the drafter's runner: eager, compiled, onnxruntime, "
+                   "or race (time each and keep the fastest, as dspark demo does)")
     p.add_argument("--concurrency", default="1,8")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
@@ -156,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from dspark.drafters.checkpoint import from_pretrained
     from dspark.engine import Engine, encode_prompt
     from dspark.fast import build_target
+    from dspark.fast.drafter import choose_draft_runner, use_draft_runner
     from dspark.models import export_hf_folder, load_causal_lm
 
     levels = [int(x) for x in args.concurrency.split(",")]
@@ -181,12 +186,18 @@ def main(argv: list[str] | None = None) -> int:
         target = build_target(model, tok, path=step)
         built[step] = time.perf_counter() - t0
         runners[f"dspark_plain_{target.path}"] = engine_runner(Engine(target, None), args.max_new_tokens)
-    best_step = "packed" if "packed" in steps else steps[-1]
+    best_step = args.speculative_step or ("packed" if "packed" in steps else steps[-1])
     target = build_target(model, tok, path=best_step)
     drafter = from_pretrained(args.drafter or DEFAULT_DRAFTER, target)
     context = round(statistics.mean(p.numel() for p in prompts)) + args.max_new_tokens // 2
     cost = profile_cost_model(measure_profile(target, context, range(1, drafter.gamma + 2)), dtype=args.dtype,
                               model=args.target, device=machine.cpu)
+    if args.draft_runner == "race":
+        choice = choose_draft_runner(target, drafter, prompts[:2], cost)
+        log.info("%s", choice.reason)
+        draft_runner = choice.runner
+    else:
+        draft_runner = use_draft_runner(drafter, args.draft_runner)
     spec = Engine(target, drafter, scheduler="sps-greedy", cost_model=cost, draft_gate=True)
     runners[f"dspark_speculative_{target.path}"] = engine_runner(spec, args.max_new_tokens)
 
@@ -229,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {n: {str(c): v for c, v in r.items()} for n, r in runs.items()},
         "greedy_outputs_equal_to_hf_generate": agree, "build_seconds": built, "warmup_seconds": warmup,
         "vllm": {k: v for k, v in vllm.items() if k not in ("runs", "outputs")},
-        "drafter": args.drafter or DEFAULT_DRAFTER,
+        "drafter": args.drafter or DEFAULT_DRAFTER, "speculative_step": target.path, "draft_runner": draft_runner,
     }
     (out / "peers.json").write_text(json.dumps(result, indent=2) + "\n")
     md = markdown(result)
@@ -261,6 +272,9 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["", f"vLLM: {r['vllm']['error']}"]
     else:
         lines += ["", f"vLLM start-up (model load and compilation): {r['vllm']['startup_seconds']:.0f} s."]
+    if "draft_runner" in r:
+        lines += ["", f"The speculative runner: drafter `{r['drafter']}` on the {r['draft_runner']} draft runner, target "
+                  f"step {r['speculative_step']}, sps-greedy with the draft gate."]
     lines += ["", "In bf16, greedy outputs may differ between engines where two tokens are within rounding of "
               "each other; the fp32 identity tests are the correctness check."]
     return "\n".join(lines) + "\n"
