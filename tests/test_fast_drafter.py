@@ -4,7 +4,8 @@
   the oracle), and the engine with it is greedy-identical to the target's own decode;
 * likewise on the onnxruntime runner (the live drafter's graphs exported to a temporary folder):
   tokens equal, logits and confidence logits within 1e-4 (fp32), greedy identity of the engine;
-* sampling through the compiled drafter keeps the target's law (χ², fixed seeds);
+* sampling through the compiled drafter keeps the target's law (χ², fixed seeds; through the
+  onnxruntime runner: test_fast_drafter_ort);
 * the fallbacks: a graph that fails to compile or to run in onnxruntime, and a machine where
   torch.compile cannot run, leave the drafter eager with one logged sentence; a drafter onnxruntime
   cannot run (bf16, a graph that does not export, an n-gram drafter) is skipped in one sentence;
@@ -101,21 +102,27 @@ def test_the_engine_with_a_compiled_drafter_is_greedy_identical(dname, sched):
     assert drafter.loop.runner.path == "compiled"  # no silent fallback
 
 
-def test_sampling_through_a_compiled_drafter_matches_the_target():
-    """Joint law of the first two sampled tokens = plain target sampling (χ², fixed seeds)."""
+def _assert_sampling_keeps_the_target_law(model, target, drafter, sched, label):
+    """Joint law of the first two tokens the engine samples with ``drafter`` (T = 1) = plain
+    sampling of the target ``model`` itself (χ², fixed seeds; the oracle never runs the drafter),
+    with some draft tokens accepted."""
     params = SamplingParams(temperature=1.0)
-    model = _model()
-    target = FastTarget(model, path="packed")
-    drafter = _drafter(target, "dspark:gated-markov")
-    use_draft_runner(drafter, "compiled")
-    engine = Engine(target, drafter, scheduler=dspark.get_scheduler("sps-greedy"), cost_model=FLAT, seed=11,
+    engine = Engine(target, drafter, scheduler=dspark.get_scheduler(sched), cost_model=FLAT, seed=11,
                     clock=TickClock())
     prompt = torch.tensor([7, 13, 11, 7, 13, 11, 7, 13])
     out = engine.generate([prompt] * 1500, params, max_new_tokens=3, progress=False)
     tokens = torch.tensor([c.output_ids[:2] for c in out])
-    assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
-                             "compiled drafter / T1", exact_support=False)
+    assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params), label,
+                             exact_support=False)
     assert sum(c.metrics["accepted"] for c in out) > 0
+
+
+def test_sampling_through_a_compiled_drafter_matches_the_target():
+    model = _model()
+    target = FastTarget(model, path="packed")
+    drafter = _drafter(target, "dspark:gated-markov")
+    use_draft_runner(drafter, "compiled")
+    _assert_sampling_keeps_the_target_law(model, target, drafter, "sps-greedy", "compiled drafter / T1")
     assert drafter.loop.runner.path == "compiled"
 
 
@@ -383,18 +390,9 @@ def test_the_engine_with_a_survival_floor_is_greedy_identical(sched):
 
 
 def test_sampling_with_a_survival_floor_matches_the_target():
-    """Joint law of the first two sampled tokens = plain target sampling (χ², fixed seeds): ending a
-    draft on its confidences is a stopping rule."""
-    params = SamplingParams(temperature=1.0)
+    """Ending a draft on its confidences is a stopping rule: the sampled law stays the target's."""
     model = _model()
     target = FastTarget(model, path="packed")
     drafter = _ort_drafter(target, "dspark:gated-markov+confidence")
     drafter.loop.survival_floor = FLOOR
-    engine = Engine(target, drafter, scheduler=dspark.get_scheduler("full"), cost_model=FLAT, seed=11,
-                    clock=TickClock())
-    prompt = torch.tensor([7, 13, 11, 7, 13, 11, 7, 13])
-    out = engine.generate([prompt] * 1500, params, max_new_tokens=3, progress=False)
-    tokens = torch.tensor([c.output_ids[:2] for c in out])
-    assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
-                             "survival floor / T1", exact_support=False)
-    assert sum(c.metrics["accepted"] for c in out) > 0
+    _assert_sampling_keeps_the_target_law(model, target, drafter, "full", "survival floor / T1")

@@ -152,3 +152,33 @@ def test_dspark_export_is_a_real_subcommand(tmp_path, capsys):
     assert cli_main(["export", "--drafter", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nope" in err
+
+
+
+@pytest.mark.parametrize("entry", ["dspark export", "python -m dspark.export"])
+def test_minus_q_silences_notices_and_minus_v_adds_debug_lines(tmp_path, capsys, entry):
+    """The export logs its first step (INFO) before the target fails to load, so no model loads:
+    -q leaves only the error line; -v adds the dspark command line's DEBUG line of its options."""
+    from dspark.export.cli import main as export_main
+
+    main, argv = (cli_main, ["export"]) if entry == "dspark export" else (export_main, [])
+    argv += ["--drafter", "dflash", "--out", str(tmp_path / "out"), "--target", str(tmp_path / "no-model")]
+
+    def stderr(*flags):
+        assert main([*argv, *flags]) == 2
+        return capsys.readouterr().err.splitlines()
+
+    def notices(lines):  # the step's start and its duration
+        return [line for line in lines if line.startswith("[1/")]
+
+    def debug(lines):
+        return [line for line in lines if line.startswith("dspark export with ")]
+
+    default, quiet, verbose = stderr(), stderr("-q"), stderr("-v")
+    assert notices(default)[0].endswith(f"loading target {tmp_path / 'no-model'} …"), default
+    assert len(quiet) == 1 and "cannot load target" in quiet[0] and quiet[0] == default[-1]
+    assert notices(verbose)[0] == notices(default)[0] and not debug(default)
+    if entry == "dspark export":
+        (line,) = debug(verbose)
+        assert "checkpoint='dflash'" in line and "verbose=1" in line
+    assert not (tmp_path / "out").exists()

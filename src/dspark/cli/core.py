@@ -28,7 +28,8 @@ from typing import Any
 
 from dspark import __version__
 
-__all__ = ["COMMANDS", "SUMMARIES", "build_parser", "command", "emit", "main"]
+__all__ = ["COMMANDS", "SUMMARIES", "build_parser", "command", "configure_logging", "emit", "main",
+           "verbosity_parent"]
 
 log = logging.getLogger("dspark.cli")
 
@@ -64,7 +65,9 @@ def command(name: str, add_args: AddArgs, *, summary: str, reports: bool = True)
 # --------------------------------------------------------------------------------------------
 
 
-def _verbosity_parent() -> argparse.ArgumentParser:
+def verbosity_parent() -> argparse.ArgumentParser:
+    """``-v`` / ``-q`` as a parent parser: every ``dspark`` command and ``python -m dspark.export``
+    declare them from here (:func:`configure_logging` applies them)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="more log output on stderr (-v: debug messages too)")
@@ -137,7 +140,7 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def _configure_logging(verbose: int, quiet: bool) -> Callable[[], None]:
+def configure_logging(verbose: int, quiet: bool) -> Callable[[], None]:
     """Route the ``dspark`` loggers to stderr at the level -v / -q ask for; returns the undo."""
     logger = logging.getLogger("dspark")
     handler = _StderrHandler()
@@ -164,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dspark {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    verbosity, json_output = _verbosity_parent(), _json_parent()
+    verbosity, json_output = verbosity_parent(), _json_parent()
     for name, cmd in COMMANDS.items():
         parents = [verbosity, json_output] if cmd.reports else [verbosity]
         p = sub.add_parser(name, help=cmd.summary, parents=parents)
@@ -207,8 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dspark.plugins import PluginError
 
     args = build_parser().parse_args(argv)
-    undo = _configure_logging(args.verbose, args.quiet)
+    undo = configure_logging(args.verbose, args.quiet)
     try:
+        # what -v adds: the options the command runs with, defaults included (for a bug report)
+        log.debug("dspark %s with %s", args.command,
+                  ", ".join(f"{k}={v!r}" for k, v in sorted(vars(args).items()) if k not in ("func", "command")))
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return code

@@ -4,6 +4,9 @@
     python -m dspark.export --drafter NAME|DIR --out OUT_DIR --trt [--fp16 | --bf16] [--profile NAME|FILE]
                             [--batch MIN,OPT,MAX] [--past MIN,OPT,MAX] [--new MIN,OPT,MAX] [--validate]
 
+Step progress goes to the ``dspark.export`` loggers at INFO (stderr, as for every ``dspark``
+command: ``-q`` silences it, ``-v`` adds debug messages); results go to stdout.
+
 Exit status: 0 done; 1 ``--validate`` found a mismatch; 2 bad input (one line on stderr, no
 traceback); 3 TensorRT: ``--trt`` on a machine where tensorrt is missing or cannot be imported, or
 CUDA is not usable — checked *before* the target loads, nothing is written — or a TensorRT failure
@@ -13,6 +16,7 @@ later (parser, build, engine load, a shape outside the profile), one sentence ea
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -21,20 +25,23 @@ from typing import Any
 
 __all__ = ["main", "build_parser"]
 
+log = logging.getLogger(__name__)
+
 PROG = "python -m dspark.export"
 # --validate tolerances for TensorRT, relative to max(1, max |logit|): guesses, not measurements.
 TRT_TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2, "bf16": 1e-1}
 
 
 class _Progress:
-    """Numbered steps with their durations: a live tqdm line on a terminal, plain lines otherwise."""
+    """Numbered steps with their durations: a live tqdm line on a terminal, INFO log lines otherwise;
+    nothing where INFO is not logged (``-q``, or a library caller that configured no logging)."""
 
-    def __init__(self, total: int, enabled: bool = True) -> None:
-        self.total, self.enabled, self.n = total, enabled, 0
+    def __init__(self, total: int) -> None:
+        self.total, self.enabled, self.n = total, log.isEnabledFor(logging.INFO), 0
         self.label: str | None = None
         self.t0 = time.perf_counter()
         self.bar = None
-        if enabled and sys.stderr.isatty():
+        if self.enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, file=sys.stderr, bar_format="{desc} |{bar:20}| {n_fmt}/{total_fmt} [{elapsed}]")
@@ -46,7 +53,7 @@ class _Progress:
         if self.bar is not None:
             self.bar.set_description_str(label)
         elif self.enabled:
-            print(f"[{self.n}/{self.total}] {label} …", file=sys.stderr, flush=True)
+            log.info("[%d/%d] %s …", self.n, self.total, label)
 
     def _finish(self) -> None:
         if self.label is None:
@@ -54,7 +61,7 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(1)
         elif self.enabled:
-            print(f"[{self.n}/{self.total}] {self.label}: {time.perf_counter() - self.t0:.1f} s", file=sys.stderr, flush=True)
+            log.info("[%d/%d] %s: %.1f s", self.n, self.total, self.label, time.perf_counter() - self.t0)
         self.label = None
 
     def close(self) -> None:
@@ -68,9 +75,10 @@ DESCRIPTION = ("Export a trained dspark / dflash / eagle3 drafter to ONNX (the c
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG)
+    from dspark.cli.core import verbosity_parent
+
+    p = argparse.ArgumentParser(prog=PROG, parents=[verbosity_parent()])  # -v / -q as every dspark command
     add_args(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     return p
 
@@ -195,7 +203,7 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
     n_graphs = len(drafter_kind(str(cfg.get("kind"))).graph_names(cfg))
     total = (2 + n_graphs * (1 + len(precisions)) + bool(args.validate)
              + (n_graphs + bool(args.validate) if args.trt else 0))
-    progress = _Progress(total, enabled=not args.quiet)
+    progress = _Progress(total)
     try:
         progress(f"loading target {args.target}")
         from transformers.utils import logging as hf_logging
@@ -268,7 +276,15 @@ def _summary(out: Path, manifest: dict[str, Any], as_json: bool = False, ok: boo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_parsed(build_parser().parse_args(argv))
+    """``python -m dspark.export ARGS``, logging set up as ``dspark`` sets it up (-v / -q)."""
+    from dspark.cli.core import configure_logging
+
+    args = build_parser().parse_args(argv)
+    undo = configure_logging(args.verbose, args.quiet)
+    try:
+        return run_parsed(args)
+    finally:
+        undo()
 
 
 def run_parsed(args: argparse.Namespace) -> int:

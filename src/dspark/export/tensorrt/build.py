@@ -31,7 +31,7 @@ to one new position.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,8 @@ from dspark.export.tensorrt.environment import (
 from dspark.export.tensorrt.profile import EngineProfile
 
 __all__ = ["build_engines", "uses_strong_typing"]
+
+log = logging.getLogger(__name__)
 
 
 def uses_strong_typing(trt: Any, profile: EngineProfile) -> bool:
@@ -122,8 +124,8 @@ def _build_one(trt: Any, builder: Any, logger: Any, root: Path, name: str, entry
             config.set_flag(trt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)
         if fp32_entry.get("norm_scopes") and not any(
                 network.get_layer(i).name.startswith(tuple(fp32_entry["norm_scopes"])) for i in range(network.num_layers)):
-            print(f"[dspark] warning: no TensorRT layer of {entry['file']} carries an RMSNorm node name; "
-                  f"its norms may run in {profile.precision} and overflow on real features", file=sys.stderr)
+            log.warning("no TensorRT layer of %s carries an RMSNorm node name; its norms may run in %s and "
+                        "overflow on real features", entry["file"], profile.precision)
     sfa = (manifest.get("drafter_config") or {}).get("sample_from_anchor", True)
     axes = profile.axes(name, int(manifest["gamma"]), int(manifest["gamma"]) + (0 if sfa else 1))
     opt_profile = builder.create_optimization_profile()

@@ -5,7 +5,7 @@ and :class:`TensorRTError`."""
 from __future__ import annotations
 
 import importlib
-import sys
+import logging
 from typing import Any
 
 import torch
@@ -14,6 +14,8 @@ from dspark.export.manifest import ExportError
 
 __all__ = ["MIN_MAJOR", "TensorRTError", "cuda_problem", "import_tensorrt", "major_version", "one_line",
            "require_tensorrt", "tensorrt_problem", "trt_logger", "with_log"]
+
+log = logging.getLogger(__name__)
 
 MIN_MAJOR = 10
 
@@ -67,7 +69,7 @@ def import_tensorrt() -> tuple[Any, str | None]:
 
 
 def trt_logger(trt: Any, echo_warnings: bool = True) -> Any:
-    """A ``trt.ILogger`` that prints TensorRT's warnings and keeps its errors for our sentence."""
+    """A ``trt.ILogger`` that logs TensorRT's warnings and keeps its errors for our sentence."""
 
     class _Recorder(trt.ILogger):
         def __init__(self) -> None:
@@ -79,7 +81,7 @@ def trt_logger(trt: Any, echo_warnings: bool = True) -> Any:
             if level <= 1:
                 self.errors.append(one_line(msg, 400))
             elif level == 2 and echo_warnings:
-                print(f"[TensorRT] {msg}", file=sys.stderr, flush=True)
+                log.warning("[TensorRT] %s", msg)
 
         def last(self, n: int = 2) -> str:
             return "; ".join(self.errors[-n:])
