@@ -70,6 +70,11 @@ class Targets:
         return dict(p=self.p, p_out=self.p_out, p_slots=self.p_slots, p_top=self.p_top)
 
 
+# dynamo cannot construct a frozen attrs instance: a compiled training objective
+# (dspark.training.compiled) builds its Targets eagerly, between two graphs
+Targets.__init__ = torch.compiler.disable(Targets.__init__)  # type: ignore[method-assign]
+
+
 _TEACHER_ROWS = 1024  # distinct positions per teacher matmul: [rows, V] fp32 ≈ 200 MB at V = 49152
 
 
@@ -86,6 +91,8 @@ def _row_groups(sizes: list[int], limit: int) -> list[tuple[int, int]]:
     return groups + [(r0, len(sizes))] if sizes else groups
 
 
+# torch.compile runs it, never traces it (dspark.training.compiled): its shapes depend on the data
+@torch.compiler.disable
 @torch.no_grad()
 def teacher_at(drafter: Any, batch: Batch, pos: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """The teacher distribution at positions ``pos`` [S, M] (the target's distribution of token

@@ -77,6 +77,8 @@ class TrainOptions(NamespaceOptions):
     grad_accum: int = option(1, validator=at_least(1), help="micro-batches accumulated per step")
     lr: float = option(6e-4, validator=at_least(0, integer=False, strict=True), help="peak learning rate")
     dtype: str = option("float32", choices=FLOAT_DTYPES, help="autocast dtype")
+    compile: bool = option(False, help="run the training forward and backward through torch.compile (compiled at the "
+                           "first step; eager, said in one line, where it cannot compile)")
     features: str = option("cache", choices=("cache", "online"),
                            help="teacher features from an on-disk cache (built on first use) or online")
     feature_cache: str | None = option(None, converter=optional_path,
@@ -279,7 +281,7 @@ def _train(opts: TrainOptions, rank: int, world: int) -> TrainResult:
     tc = TrainConfig.for_kind(
         kind, steps=opts.steps, seqs_per_step=opts.seqs_per_step, anchors_per_seq=opts.anchors,
         grad_accum=opts.grad_accum, lr=opts.lr, dtype=opts.dtype, seed=opts.seed,
-        checkpoint_every=opts.checkpoint_every)
+        checkpoint_every=opts.checkpoint_every, compile=opts.compile)
     out = Path(opts.out)
     trainer = Trainer(drafter, data, tc, out, rank=rank, world=world, progress=not opts.quiet)
     if trainer.resume() and rank == 0:

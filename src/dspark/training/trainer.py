@@ -4,7 +4,8 @@ Every random choice is a function of (seed, step, global sample index): which se
 global batch of a step, and which anchors each sequence gets (:mod:`dspark.training.batches`). So
 a run killed and resumed from its last checkpoint replays exactly the same batches, and R
 data-parallel ranks (``torchrun``, gloo on CPU) that each take 1/R of every global batch compute the same gradients as one process. The
-forward and the loss are the drafter kind's (its ``DrafterKind.training_recipe()``).
+forward and the loss are the drafter kind's (its ``DrafterKind.training_recipe()``); with
+``TrainConfig.compile`` they run through ``torch.compile`` (:mod:`dspark.training.compiled`).
 
 Loss normalisation is the reference's (DeepSpec): each loss term is num / (den + 1e-6) with
 num = Σ w·ℓ and den = Σ w summed over every supervised token of the global batch
@@ -46,6 +47,11 @@ def _nonneg(_i: Any, a: Any, v: Any) -> None:
         raise ValueError(f"TrainConfig.{a.name} must be >= 0, got {v!r}")
 
 
+def _bool(_i: Any, a: Any, v: Any) -> None:
+    if not isinstance(v, bool):
+        raise ValueError(f"TrainConfig.{a.name} must be True or False, got {v!r}")
+
+
 @frozen
 class TrainConfig:
     """Optimisation settings (the architecture lives in the drafter's ``DrafterConfig``)."""
@@ -68,6 +74,7 @@ class TrainConfig:
     step_decay: float = field(default=0.8, validator=_pos)  # Eagle3 step weights step_decay^k
     seed: int = field(default=0)
     checkpoint_every: int = field(default=100, validator=_pos)
+    compile: bool = field(default=False, validator=_bool)  # the objective through torch.compile (compiled.py)
 
     @classmethod
     def for_kind(cls, kind: str, **overrides: Any) -> TrainConfig:
@@ -174,11 +181,16 @@ class Trainer:
         self.out = Path(out_dir)
         self.rank, self.world, self.progress = rank, world, progress and rank == 0
         self.objective = _Objective(drafter, cfg)
-        self.model: Any = self.objective
+        self.compiled: Any = None  # a CompiledObjective with cfg.compile (inside DDP, which wraps it)
+        if cfg.compile:
+            from dspark.training.compiled import CompiledObjective
+
+            self.compiled = CompiledObjective(self.objective, next(drafter.parameters()).device)
+        self.model: Any = self.objective if self.compiled is None else self.compiled
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.model = DistributedDataParallel(self.objective)
+            self.model = DistributedDataParallel(self.model)
         params = [p for p in drafter.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.step = 0
@@ -272,6 +284,8 @@ class Trainer:
             slots = mine[m * micro : (m + 1) * micro]
             batch = build_batch(self.data, self.cfg, self.step, [glob[s] for s in slots], slots,
                                 self.drafter.target_layer_ids)
+            if self.compiled is not None and not self.compiled.tried:  # compiles, or turns eager
+                self.compiled.trial(batch, list(self.drafter.parameters()))
             sync = m == cfg.grad_accum - 1 or self.world == 1
             ctx = self.model.no_sync() if (self.world > 1 and not sync) else contextlib.nullcontext()
             with ctx:
