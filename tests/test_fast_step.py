@@ -352,3 +352,28 @@ def test_the_engine_routes_a_bf16_drafters_linears_through_packed_weights():
                                    atol=0.05, rtol=0.02)
         h = torch.randn(2, 4, 64).bfloat16()
         torch.testing.assert_close(drafter.logits(h).float(), (h @ drafter._lm_head.T).float(), atol=0.05, rtol=0.02)
+
+
+def test_the_compiled_step_compiles_each_shape_class_once():
+    """One request decoding across several cache buckets, then drafting blocks: one graph for
+    q = 1 and one for q > 1, however long the context grows. The bucket equals the head
+    dimension, the coincidence (T = d at the first call) that once made T a constant; and the
+    cache grows under the read view, whose strides once compiled a second graph."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_causal_lm("llama", vocab_size=V, max_positions=256, num_layers=3, init_range=0.3)
+    d = model.config.hidden_size // model.config.num_attention_heads
+    target = FastTarget(model, path="compiled", bucket=d)
+    ref = HFTarget(model)
+    g = torch.Generator().manual_seed(5)
+    prompt = [torch.randint(V, (3,), generator=g)]
+    _same(target.prefill(["a"], prompt), ref.prefill(["a"], prompt), ())
+    graphs = [counters["stats"]["unique_graphs"]]
+    for q, steps in ((1, 5 * d), (4, 2 * d)):  # the cache crosses several buckets of d positions
+        for _ in range(steps // q):
+            tokens = torch.randint(V, (1, q), generator=g)
+            ells = torch.tensor([q - 1])
+            _same(target.verify(["a"], tokens, ells), ref.verify(["a"], tokens, ells), ())
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert [b - a for a, b in zip(graphs, graphs[1:])] == [1, 1], f"graphs compiled by then: {graphs}"
+    assert target.path == "compiled"

@@ -87,8 +87,12 @@ class _Patched:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
+        import torch.fx.experimental._config as fx_config
 
-        with inductor_config.patch(freezing=self.freezing), \
+        # use_duck_shape=False: by default two sizes equal at the first call share one symbol, so
+        # a past of T = 64 positions next to a head dimension of 64 made T a constant 64, and every
+        # longer context compiled another graph
+        with inductor_config.patch(freezing=self.freezing), fx_config.patch(use_duck_shape=False), \
                 dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT,
                                     accumulated_recompile_limit=max(_RECOMPILE_LIMIT, 256)):
             return self.fn(*args, **kwargs)

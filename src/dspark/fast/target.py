@@ -105,9 +105,13 @@ class FastTarget(HFTarget):
         dev = self._device
         past_len = torch.tensor([req.length for req in reqs], dtype=torch.long)  # [R]
         T = _round_up(int(past_len.max()), self.bucket)
+        compiled = self._run is not self._step
         if R == 1:
             req = reqs[0]
-            req.reserve(max(T, req.length + q), self.max_context)
+            # compiled: room beyond the T read, so the view's strides never equal those of a
+            # contiguous [.., T, d] tensor — else the first graph assumes they do and the first
+            # request that grows its cache compiles another one (a stall of seconds, mid-decode)
+            req.reserve(max(T + (self.bucket if compiled else 0), req.length + q), self.max_context)
             past = req.kv[:, :, :, :T].unsqueeze(2)  # [L, 2, 1, H_kv, T, d], read in place
         else:
             shape = (self.num_layers, 2, R, self._kv_heads, T, self._head_dim)
@@ -132,7 +136,10 @@ class FastTarget(HFTarget):
         if graphed:  # a CUDA graph's outputs live in its static buffers, overwritten by the next replay
             torch.compiler.cudagraph_mark_step_begin()
         # the compiled graph reads the capture set from the step module (a constant to torch.compile)
-        args = (tokens.to(dev), position_ids, past, valid, None if run is not self._step else asked, want_logits)
+        # a fresh [R, q] tensor: a slice of a wider one keeps its strides, and a compiled graph
+        # guards on them (a [1, 1] slice of a [1, 8] block would compile its own graph)
+        tokens = torch.empty((R, q), dtype=tokens.dtype, device=dev).copy_(tokens)
+        args = (tokens, position_ids, past, valid, None if run is not self._step else asked, want_logits)
         try:
             logits, captured, new_kv = run(*args)
         except Exception as err:  # a compile that fails on this model: the packed step instead
