@@ -13,7 +13,7 @@ import torch
 from dspark.training.batches import build_batch, global_batch
 from dspark.training.compiled import CompiledObjective
 from dspark.training.trainer import TrainConfig, TrainData, Trainer, _Objective
-from test_training import DRAFTERS, make, tiny_data, tiny_model
+from test_training import DRAFTERS, ddp_equals_one_process, make, tiny_data, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TIGHT = dict(rtol=1e-5, atol=1e-6)  # fp32: inductor may only reorder sums
@@ -166,41 +166,7 @@ def test_ddp_compiled_equals_one_eager_process(tmp_path):
     """torchrun, 2 CPU processes (gloo) with --compile (each compiles the objective inside DDP) ==
     1 eager process."""
     import json
-    import os
-    import shutil
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    if shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists():
-        pytest.skip("torchrun is not installed")
-    from dspark.data.selfdistill import Record
-
-    tiny_model().save_pretrained(tmp_path / "target")
-    seqs, pls = tiny_data(8)
-    (tmp_path / "data").mkdir()
-    with (tmp_path / "data" / "train.jsonl").open("w") as fh:
-        for i, (s, p) in enumerate(zip(seqs, pls)):
-            fh.write(json.dumps(Record(str(i), "x", "p", tuple(s[:p]), tuple(s[p:])).to_dict()) + "\n")
-    common = ["--data", str(tmp_path / "data"), "--target", str(tmp_path / "target"), "--kind", "dspark",
-              "--rank", "8", "--gamma", "4", "--steps", "3", "--seqs-per-step", "4", "--anchors", "4",
-              "--features", "online", "--save-dtype", "float32", "--quiet", "--lr", "3e-3"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "dspark", "train", "--out", str(tmp_path / "one"), *common],
-                         env=env, capture_output=True, text=True, timeout=900)
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-port",
-                          "29519", "-m", "dspark", "train", "--out", str(tmp_path / "two"), "--compile", *common],
-                         env=env, capture_output=True, text=True, timeout=900)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert "training runs eager" not in two.stderr  # both ranks trained compiled
+    stderr = ddp_equals_one_process(tmp_path, two_args=("--compile",), steps=3, port=29519)
+    assert "training runs eager" not in stderr  # both ranks trained compiled
     assert json.loads((tmp_path / "two" / "train.json").read_text())["train"]["compile"] is True
-    la = [json.loads(x) for x in (tmp_path / "one" / "log.jsonl").read_text().splitlines()]
-    lb = [json.loads(x) for x in (tmp_path / "two" / "log.jsonl").read_text().splitlines()]
-    assert [r["loss"] for r in lb] == pytest.approx([r["loss"] for r in la], rel=1e-5)
-    from safetensors.torch import load_file
-
-    wa = load_file(str(tmp_path / "one" / "checkpoint" / "model.safetensors"))
-    wb = load_file(str(tmp_path / "two" / "checkpoint" / "model.safetensors"))
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)

@@ -530,41 +530,48 @@ def test_int8_checkpoint_round_trip(model, tmp_path):
 # -- data parallel ------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_ddp_two_processes_equal_one(tmp_path):
-    """torchrun, 2 CPU processes (gloo), each half of every global batch == 1 process."""
+def ddp_equals_one_process(tmp_path: Path, *, two_args: tuple[str, ...] = (), steps: int = 4,
+                           extra: tuple[str, ...] = (), port: int = 29517) -> str:
+    """Train the tiny target's drafter with ``dspark train`` in one process and with torchrun in two
+    (gloo; ``two_args`` added there only); assert equal losses and weights; return torchrun's stderr."""
     if shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists():
         pytest.skip("torchrun is not installed")
+    from safetensors.torch import load_file
+
     from dspark.data.selfdistill import Record
 
-    m = tiny_model()
-    m.save_pretrained(tmp_path / "target")
+    tiny_model().save_pretrained(tmp_path / "target")
     seqs, pls = tiny_data(8)
     (tmp_path / "data").mkdir()
     with (tmp_path / "data" / "train.jsonl").open("w") as fh:
         for i, (s, p) in enumerate(zip(seqs, pls)):
             fh.write(json.dumps(Record(str(i), "x", "p", tuple(s[:p]), tuple(s[p:])).to_dict()) + "\n")
     common = ["--data", str(tmp_path / "data"), "--target", str(tmp_path / "target"), "--kind", "dspark",
-              "--rank", "8", "--gamma", "4", "--steps", "4", "--seqs-per-step", "4", "--anchors", "4",
-              "--features", "online", "--top-k", "8", "--save-dtype", "float32", "--quiet", "--lr", "3e-3"]
+              "--rank", "8", "--gamma", "4", "--steps", str(steps), "--seqs-per-step", "4", "--anchors", "4",
+              "--features", "online", "--save-dtype", "float32", "--quiet", "--lr", "3e-3", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, "-m", "dspark", "train", "--out", str(tmp_path / "one"), *common],
-                         env=env, capture_output=True, text=True, timeout=600)
+                         env=env, capture_output=True, text=True, timeout=900)
     assert one.returncode == 0, one.stderr
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    two = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", "29517", "-m", "dspark", "train",
-                          "--out", str(tmp_path / "two"), *common], env=env, capture_output=True, text=True,
-                         timeout=600)
+    two = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(port), "-m", "dspark", "train",
+                          "--out", str(tmp_path / "two"), *two_args, *common], env=env, capture_output=True,
+                         text=True, timeout=900)
     assert two.returncode == 0, two.stderr[-3000:]
     la = [json.loads(x) for x in (tmp_path / "one" / "log.jsonl").read_text().splitlines()]
     lb = [json.loads(x) for x in (tmp_path / "two" / "log.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in lb] == pytest.approx([r["loss"] for r in la], rel=1e-5)
-    from safetensors.torch import load_file
-
     wa = load_file(str(tmp_path / "one" / "checkpoint" / "model.safetensors"))
     wb = load_file(str(tmp_path / "two" / "checkpoint" / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4)
+    return two.stderr
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one(tmp_path):
+    """torchrun, 2 CPU processes (gloo), each half of every global batch == 1 process."""
+    ddp_equals_one_process(tmp_path, extra=("--top-k", "8"))
 
 
 def test_train_cli_bad_input_is_one_line(tmp_path, capsys):
