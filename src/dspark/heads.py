@@ -94,6 +94,9 @@ class _SequentialHeadBase(nn.Module):
     """
 
     name: ClassVar[str]
+    #: b reads x̂_{j-1} and nothing else, so its rows can be kept per token
+    #: (:mod:`dspark.drafters.dspark.rows`)
+    correction_reads_previous_token_only: ClassVar[bool] = False
 
     def __init__(self, vocab_size: int, hidden_size: int, rank: int = 256) -> None:
         super().__init__()
@@ -169,6 +172,7 @@ class VanillaMarkovHead(_SequentialHeadBase):
     """Vanilla Markov head: b = W_up · W_down[x̂_{j-1}]; ignores h_j (d kept for uniformity)."""
 
     name = "vanilla-markov"
+    correction_reads_previous_token_only = True
 
     def _correction(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.w_up(self.w_down(prev_tokens))  # [..., V]
@@ -178,6 +182,7 @@ class SiluMarkovHead(_SequentialHeadBase):
     """dspark's pre-reference vanilla head, b = W_up · SiLU(W_down[x̂_{j-1}]) (legacy checkpoints)."""
 
     name = "silu-markov"
+    correction_reads_previous_token_only = True
 
     def _correction(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.w_up(F.silu(self.w_down(prev_tokens)))  # [..., V]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from dspark.drafters.dflash.graphs import block_graph_specs
+from dspark.drafters.dspark.rows import CachedHeadStep, caches_rows
 from dspark.drafters.graphs import GraphSpec, example_inputs, static_last_dim
 
 __all__ = ["HeadStepGraph", "head_is_stateful", "dspark_graph_specs"]
@@ -55,6 +56,9 @@ def dspark_graph_specs(drafter: Any, live: bool = False) -> list[GraphSpec]:
     specs = block_graph_specs(drafter, live, examples)
     if drafter.head is not None:
         graph = HeadStepGraph(drafter)
+        stateful = head_is_stateful(drafter.head)
+        if live and not stateful and caches_rows(drafter.head, next(drafter.parameters()).device):
+            graph = CachedHeadStep(drafter)  # same inputs and outputs, the correction rows kept
         inputs = ["prev_ids", "h_j", "base_logits_j"]
         outputs = ["logits"]
         Vd = drafter.draft_size  # the head works in draft slots (V_d = V without a reduced vocabulary)
@@ -64,7 +68,7 @@ def dspark_graph_specs(drafter: Any, live: bool = False) -> list[GraphSpec]:
         if drafter.confidence_head is not None:
             outputs.append("confidence_logit")
             axes["confidence_logit"] = {0: "batch"}
-        if graph.stateful:
+        if stateful:
             inputs.append("state")
             outputs.append("state_out")
             example.append(randn(B, c.rank))
