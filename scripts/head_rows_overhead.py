@@ -22,11 +22,11 @@ import torch
 
 import dspark
 import dspark.drafters.dspark.graphs as dspark_graphs
+from dspark.autotune import Machine
 from dspark.data.prompts import prompt_request
 from dspark.engine import encode_prompt
 from dspark.evaluation.inputs import eval_prompts
 from dspark.fast.drafter import use_draft_runner
-from dspark.autotune import Machine
 from dspark.types import SamplingParams
 
 SHIPPED_PROMPTS = Path(dspark.__file__).parent / "data" / "natural_eval.jsonl"

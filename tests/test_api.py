@@ -254,7 +254,7 @@ def test_run_demo(tiny):
     assert demo.result["gamma"] == 4 and {r["domain"] for r in demo.result["greedy_identity_fp32"]} == set(DOMAINS)
     assert demo.markdown == (demo.out / "demo.md").read_text()
     assert json.loads((demo.out / "demo.json").read_text())["command"].endswith(
-        f"--samples 200 --dtype float32 --step packed --gate --scheduler sps-greedy --out {root / 'demo'} "
+        f"--samples 200 --dtype float32 --step packed --gate --vocab-cut --scheduler sps-greedy --out {root / 'demo'} "
         f"--target {target} --device cpu")
     assert demo.result["speed"]["step"] == demo.result["speed"]["plain_step"] == "packed"
 

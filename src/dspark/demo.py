@@ -84,6 +84,9 @@ class DemoOptions(NamespaceOptions):
     step: str = option("auto", choices=("auto", *STEP_PATHS), help=RACED_STEP_HELP)
     compile: bool | None = option(None, help=COMPILE_HELP)  # None: on a GPU only
     gate: bool = option(True, help=GATE_HELP)
+    vocab_cut: bool = option(True, help="where the compiled step races, race the drafter's measured vocabulary cut "
+                             "(vocab_cut.json beside its weights, within 1 %% of its τ) against it "
+                             "(docs/drafters-and-training.md)")
     scheduler: str = option("sps-greedy", validator=lambda _i, _a, v: _scheduler(v),
                             help="the speculative engine's scheduler, NAME[:KEY=VALUE,...] (e.g. sps-greedy:sunk=true, "
                             "docs/scheduling-and-calibration.md)")
@@ -165,6 +168,34 @@ def _load_drafter(ref, target) -> Any:
     from dspark.drafters.checkpoint import from_pretrained
 
     return from_pretrained(ref[0], target, draft_vocab=ref[1])
+
+
+def _race_vocab_cut(folder, target, ids, cost, verify_seconds: float, overhead: float):
+    """The folder's measured vocabulary cut (:mod:`dspark.drafters.vocab_cut`) against the full
+    drafter: the cut's round overhead timed on its fastest runner, then the rule of
+    :func:`~dspark.drafters.vocab_cut.cut_pays` (τ from the record, the verification step of a
+    drafted round ``verify_seconds``, the full drafter's ``overhead``). → (what was decided, for the
+    report; (drafter, runner choice) of the cut where it wins, else None)."""
+    from dspark.drafters.vocab_cut import cut_pays, raceable_cut
+    from dspark.evaluation.drafter_specs import folder_calibrator
+    from dspark.fast.drafter import choose_draft_runner
+
+    cut, why_not = raceable_cut(folder)
+    if cut is None:
+        return {"raced": False, "reason": f"vocabulary cut not raced: {why_not}"}, None
+    drafter = _load_drafter((folder, cut.draft_vocab), target)
+    runner = choose_draft_runner(target, drafter, ids, cost, folder_calibrator(folder, cut.draft_vocab))
+    cut_overhead = runner.overhead_seconds.get(runner.runner, float("inf"))
+    wins = cut_pays(cut, verify_seconds, overhead, cut_overhead)
+    pick = f"{folder.name}{cut.reference}" if wins else folder.name
+    reason = (f"vocabulary cut raced: {folder.name}{cut.reference} (τ {cut.tau_cut:.3f} vs {cut.tau_full:.3f} in its "
+              f"record) drafts a round {cut_overhead * 1e3:.1f} ms beyond a plain one on the {runner.runner} runner, "
+              f"the full drafter {overhead * 1e3:.1f} ms, beside a {verify_seconds * 1e3:.1f} ms verification: "
+              f"{pick} drafts more tokens a second")
+    record = {"raced": True, "draft_vocab": cut.draft_vocab, "tau_full": cut.tau_full, "tau_cut": cut.tau_cut,
+              "overhead_full": overhead, "overhead_cut": cut_overhead, "verify_seconds": verify_seconds,
+              "cut_runner": runner.to_dict(), "chosen": pick, "reason": reason}
+    return record, ((drafter, runner) if wins else None)
 
 
 def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None, step="packed",
@@ -292,7 +323,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     # the gate starts from what the start-up measured (as dspark bench's --gate-prior): the identity
     # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
     overhead = choice.speculative[choice.label]["overhead_seconds"]
-    drafter, runner = None, None
+    drafter, runner, vocab_race, identity_label = None, None, None, label
     # where the compiled step races, the drafter's runner races too: eager, compiled and onnxruntime
     # (skipped in one sentence where it cannot run, e.g. a bf16 drafter)
     if "compiled" in race_paths(opts.step, opts.compile, opts.device):
@@ -304,6 +335,17 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         runner = choose_draft_runner(race_target, drafter, ids[:2], cost, calibrator)
         print(runner.reason, flush=True)
         overhead = runner.overhead_seconds[runner.runner]
+        if opts.vocab_cut and draft_vocab is None:  # the checkpoint's measured vocabulary cut races the full drafter
+            vocab_race, won = _race_vocab_cut(folder, race_target, ids[:2], cost, choice.profile[gamma + 1], overhead)
+            print(vocab_race["reason"], flush=True)
+            if won is not None:
+                drafter, runner = won
+                draft_vocab = vocab_race["draft_vocab"]
+                ref, label = (folder, draft_vocab), variant_label(folder.name, draft_vocab)
+                own = folder_confidence_model(folder, draft_vocab)
+                calibrator = calibrator_beside(folder, own)
+                calibration = calibration_label(calibrator, own)
+                overhead = runner.overhead_seconds[runner.runner]
     prior = GatePrior(survival, {1: overhead})
     spec_engine = _engine(model, tok, ref, calibrator, cost, scheduler=_scheduler(opts.scheduler), gate=opts.gate,
                           prior=prior, step=choice.path, drafter=drafter)
@@ -347,7 +389,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "model": opts.model, "drafter": label, "calibrated": calibration is not None,
+        "model": opts.model, "drafter": label, "identity_drafter": identity_label,
+        "calibrated": calibration is not None,
         "calibration": calibration, "gamma": gamma,
         "max_new_tokens": opts.max_new_tokens, "machine": choice.machine.to_dict(),
         "device": device_name(target), "device_type": model.device.type,
@@ -356,6 +399,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         "identity_accepted_drafts": sum(r["accepted_drafts"] for r in identity),
         "sampling_check": check, "dtype_choice": choice.to_dict(),
         "draft_runner": runner.to_dict() if runner is not None else None,
+        "vocab_race": vocab_race,
         "speed": {"dtype": choice.dtype, "step": choice.path, "plain_step": choice.plain_path, "prompts": len(ids), "prompt_file": Path(prompt_file).name,
                   "repeats": opts.repeats,
                   "draft_gate": gate is not None, "scheduler": opts.scheduler, "seconds_per_repeat": totals,

@@ -39,6 +39,8 @@ def demo_markdown(r: dict) -> str:
                   + (f"; exporting to onnxruntime took {dr['export_seconds']:.1f} s"
                      if dr.get("export_seconds") is not None else "")
                   + ("" if not dr["notes"] else f" ({'; '.join(dr['notes'])})") + ".", ""]
+    if r.get("vocab_race"):
+        lines += [f"Draft vocabulary (raced at start-up): {r['vocab_race']['reason']}.", ""]
     if sp.get("gate_prior"):
         gp = sp["gate_prior"]
         lines += ["Draft gate prior (from the start-up measurements): survival s_1…s_γ = "
@@ -61,7 +63,9 @@ def demo_markdown(r: dict) -> str:
     lines += ["", f"The {sp['dtype']} outputs agree with the plain {sp.get('plain_dtype', sp['dtype'])} decode on "
               f"{100 * sp['prefix_agreement_with_plain']:.1f} % of the common prefix on average (outside fp32, "
               "different verify shapes and dtypes round differently; exact identity is checked in fp32 below).", "",
-              "Greedy identity in fp32 (engine + drafter vs the target's own greedy decode), every draft verified "
+              "Greedy identity in fp32 (engine + drafter"
+              + (f" {r['identity_drafter']}" if r.get("identity_drafter", r["drafter"]) != r["drafter"] else "")
+              + " vs the target's own greedy decode), every draft verified "
               f"at full length: {r['identity_verified_drafts']} draft tokens verified, "
               f"{r['identity_accepted_drafts']} accepted.", "",
               "| domain | identical | tokens | τ | drafts verified | accepted | rounds with a rejection |",

@@ -16,7 +16,9 @@ from typing import Any
 
 __all__ = ["ProvenanceError", "files_digest", "check", "record"]
 
-_SKIP = {".dspark-output"}
+# dspark's output marker, and a checkpoint's record of its measured vocabulary cut (a fact about
+# the weights beside them: dspark.drafters.vocab_cut), which must not change their digest
+_SKIP = {".dspark-output", "vocab_cut.json"}
 
 
 class ProvenanceError(ValueError):
@@ -25,7 +27,7 @@ class ProvenanceError(ValueError):
 
 def files_digest(path: str | Path) -> str:
     """blake2b of a file's bytes, or of every file under a folder (relative names and bytes, in
-    name order; dspark's marker and hidden temporary files left out)."""
+    name order; dspark's marker, a vocabulary-cut record and hidden temporary files left out)."""
     path = Path(path)
     h = hashlib.blake2b(digest_size=16)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
