@@ -93,9 +93,14 @@ def build_engine(args: argparse.Namespace) -> Any:
 
         drafter = from_pretrained(folder, target, draft_vocab=draft_vocab)
         calibrator = folder_calibrator(folder, draft_vocab)  # None under a calibrated confidence.json
-    return Engine(target, drafter, scheduler=scheduler, cost_model=choice.cost_model(args.model),
-                  calibrator=calibrator or "identity", seed=args.seed,
-                  draft_gate=DraftGate() if args.gate and drafter is not None else None)
+    engine = Engine(target, drafter, scheduler=scheduler, cost_model=choice.cost_model(args.model),
+                    calibrator=calibrator or "identity", seed=args.seed,
+                    draft_gate=DraftGate() if args.gate and drafter is not None else None)
+    if getattr(target, "path", None) == "compiled":  # compile every shape class now, not mid-request
+        from dspark.fast.warm import warm_up
+
+        warm_up(target, drafter, engine.encode("Hello"), cost_model=engine.cost_model)
+    return engine
 
 
 def _checkpoint_gamma(folder: Any) -> int:
