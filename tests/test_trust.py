@@ -144,7 +144,7 @@ def test_every_command_follows_the_one_convention():
 
 def test_dspark_export_is_a_real_subcommand(tmp_path, capsys):
     """`dspark export` declares the options of python -m dspark.export (once, in dspark.export.cli)
-    and fails like it: one line, exit 2, before any model loads."""
+    and fails like it: one line naming the command, exit 2, before any model loads."""
     with pytest.raises(SystemExit):
         cli_main(["export", "--help"])
     out = capsys.readouterr().out
@@ -152,6 +152,7 @@ def test_dspark_export_is_a_real_subcommand(tmp_path, capsys):
     assert cli_main(["export", "--drafter", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nope" in err
+    assert err.startswith("dspark export: error: ")  # the command the user typed, not the module's name
 
 
 

@@ -84,8 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    """The export options on ``p``: ``python -m dspark.export`` and ``dspark export`` share them."""
+    """The export options on ``p``: ``python -m dspark.export`` and ``dspark export`` share them
+    (messages name the command as ``p.prog`` spells it)."""
     p.description = DESCRIPTION
+    p.set_defaults(export_prog=p.prog)  # "dspark export" or "python -m dspark.export": what the user typed
     p.add_argument("--drafter", dest="checkpoint", required=True, metavar="NAME|DIR",
                    help="drafter folder written by save_pretrained (config.json + model.safetensors) or a shipped "
                    "drafter's name; NAME:vocab=K exports its named variant cut to the K most frequent tokens of its "
@@ -171,8 +173,8 @@ def _run(args: argparse.Namespace) -> int:
         # loads and before anything is written.
         problem = tensorrt_problem(probe=True)
         if problem:
-            print(f"{PROG}: TensorRT engines cannot be built here because {problem}; nothing was exported "
-                  f"(python -m dspark.export --drafter CHECKPOINT --out {out} without --trt writes the ONNX files, "
+            print(f"{_prog(args)}: TensorRT engines cannot be built here because {problem}; nothing was exported "
+                  f"({_prog(args)} --drafter CHECKPOINT --out {out} without --trt writes the ONNX files, "
                   "and 'pip install dspark[gpu]' on a CUDA machine adds TensorRT).", file=sys.stderr)
             return 3
         trt, _ = import_tensorrt()
@@ -251,7 +253,7 @@ def _export(args: argparse.Namespace, out: Path, ckpt: Path, cfg: dict[str, Any]
             except TensorRTError as exc:
                 progress.close()
                 _summary(out, manifest, bool(getattr(args, "json", False)))
-                print(f"{PROG}: TensorRT: {_one_line(exc)} (the ONNX files in {out} are written and checked)",
+                print(f"{_prog(args)}: TensorRT: {_one_line(exc)} (the ONNX files in {out} are written and checked)",
                       file=sys.stderr)
                 return 3
     finally:
@@ -287,6 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         undo()
 
 
+def _prog(args: argparse.Namespace) -> str:
+    """The command as the user typed it, for the first word of a message."""
+    return getattr(args, "export_prog", PROG)
+
+
 def run_parsed(args: argparse.Namespace) -> int:
     """Run an export from parsed :func:`add_args` options; every failure is one line and an exit code."""
     from dspark.drafters.checkpoint import CheckpointError
@@ -296,12 +303,12 @@ def run_parsed(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except TensorRTError as exc:
-        print(f"{PROG}: TensorRT: {_one_line(exc)}", file=sys.stderr)
+        print(f"{_prog(args)}: TensorRT: {_one_line(exc)}", file=sys.stderr)
         return 3
     except (ExportError, CheckpointError, ValueError, FileNotFoundError, NotADirectoryError,
             PermissionError, ImportError) as exc:
-        print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{_prog(args)}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print(f"{_prog(args)}: interrupted", file=sys.stderr)
         return 130
