@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import statistics
 import time
 import warnings
@@ -68,6 +69,8 @@ from dspark.types import SamplingParams
 from dspark.verify import verify
 
 __all__ = ["DemoOptions", "DemoResult", "run_demo"]
+
+log = logging.getLogger(__name__)
 
 
 @frozen
@@ -296,7 +299,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     greedy = SamplingParams.greedy()
 
     # 1–2. correctness, fp32 ------------------------------------------------------------------
-    print(f"loading target {opts.model} (fp32) and drafter {label} ...", flush=True)
+    log.info("loading target %s (fp32) and drafter %s ...", opts.model, label)
     model, tok = load_causal_lm(opts.model, torch.float32, opts.device)
     eos = tok.eos_token_id
     encoded = {name: encode_prompt(tok, text) for name, text in PROMPTS.items()}
@@ -315,10 +318,10 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
                    else copy.deepcopy(model).to(DTYPES[choice.plain_dtype]))
     del model
     model = target.model
-    print(choice.reason, flush=True)
+    log.info("%s", choice.reason)
     cost = choice.cost_model(opts.model)
-    print(f"{choice.label} verification step time by tokens verified: "
-          + ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in choice.profile.items()), flush=True)
+    log.info("%s verification step time by tokens verified: %s", choice.label,
+             ", ".join(f"q={b}: {s * 1e3:.0f} ms" for b, s in choice.profile.items()))
     plain_engine = _engine(plain_model, tok, None, None, cost, step=choice.plain_path)
     # the gate starts from what the start-up measured (as dspark bench's --gate-prior): the identity
     # rounds' survival and the round overhead timed in the chosen dtype, so it forecasts from round 1
@@ -333,11 +336,11 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
         race_target = build_target(model, tok, path=choice.path)
         drafter = _load_drafter(ref, race_target)
         runner = choose_draft_runner(race_target, drafter, ids[:2], cost, calibrator)
-        print(runner.reason, flush=True)
+        log.info("%s", runner.reason)
         overhead = runner.overhead_seconds[runner.runner]
         if opts.vocab_cut and draft_vocab is None:  # the checkpoint's measured vocabulary cut races the full drafter
             vocab_race, won = _race_vocab_cut(folder, race_target, ids[:2], cost, choice.profile[gamma + 1], overhead)
-            print(vocab_race["reason"], flush=True)
+            log.info("%s", vocab_race["reason"])
             if won is not None:
                 drafter, runner = won
                 draft_vocab = vocab_race["draft_vocab"]
