@@ -93,13 +93,19 @@ def test_the_engine_with_a_compiled_drafter_is_greedy_identical(dname, sched):
     target = FastTarget(model, path="packed")
     drafter = _drafter(target, dname)
     use_draft_runner(drafter, "compiled")
+    assert_engine_is_greedy_identical(model, target, drafter, f"{dname}/{sched}", sched)
+    assert drafter.loop.runner.path == "compiled"  # no silent fallback
+
+
+def assert_engine_is_greedy_identical(model, target, drafter, label, sched="sps-greedy", n=20):
+    """The engine with ``drafter`` over requests joining late decodes what ``model`` decodes
+    greedily by itself, with some drafts accepted."""
     engine = Engine(target, drafter, scheduler=dspark.get_scheduler(sched), cost_model=FLAT, clock=TickClock())
     prompts = [torch.tensor(p) for p in PROMPTS]
-    rids, done = run_with_late_join(engine, prompts, 20)
+    rids, done = run_with_late_join(engine, prompts, n)
     for rid, p in zip(rids, prompts):
-        assert done[rid].output_ids == greedy_decode(model, p, 20), f"{dname}/{sched}: {rid} diverged"
+        assert done[rid].output_ids == greedy_decode(model, p, n), f"{label}: {rid} diverged"
     assert sum(c.metrics["accepted"] for c in done.values()) > 0
-    assert drafter.loop.runner.path == "compiled"  # no silent fallback
 
 
 def _assert_sampling_keeps_the_target_law(model, target, drafter, sched, label):
@@ -256,13 +262,7 @@ def test_the_engine_with_an_onnxruntime_drafter_is_greedy_identical(dname):
     target = FastTarget(model, path="packed")
     drafter = _ort_drafter(target, dname)
     assert use_draft_runner(drafter, "onnxruntime") == "onnxruntime"
-    engine = Engine(target, drafter, scheduler=dspark.get_scheduler("sps-greedy"), cost_model=FLAT,
-                    clock=TickClock())
-    prompts = [torch.tensor(p) for p in PROMPTS]
-    rids, done = run_with_late_join(engine, prompts, 20)
-    for rid, p in zip(rids, prompts):
-        assert done[rid].output_ids == greedy_decode(model, p, 20), f"{dname}: {rid} diverged"
-    assert sum(c.metrics["accepted"] for c in done.values()) > 0
+    assert_engine_is_greedy_identical(model, target, drafter, dname)
     assert drafter.loop.runner.path == "onnxruntime"
 
 

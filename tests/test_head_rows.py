@@ -15,16 +15,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-import dspark
 import dspark.drafters.dspark.graphs as dspark_graphs
 from dspark.drafters.dspark.graphs import HeadStepGraph
 from dspark.drafters.dspark.rows import CachedHeadStep, CorrectionRows, caches_rows
-from dspark.engine import Engine
 from dspark.fast import FastTarget
 from dspark.heads import build_head
-from helpers import TickClock, greedy_decode, run_with_late_join
-from test_fast_drafter import _assert_sampling_keeps_the_target_law, _contexts, _model
-from test_fast_step import FLAT, PROMPTS, _drafter
+from test_fast_drafter import (
+    _assert_sampling_keeps_the_target_law,
+    _contexts,
+    _model,
+    assert_engine_is_greedy_identical,
+)
+from test_fast_step import _drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -121,13 +123,7 @@ def test_the_engine_with_kept_rows_is_greedy_identical(path):
     model = _model()
     target = FastTarget(model, path=path)
     drafter = _drafter(target, "dspark:vanilla-markov")
-    engine = Engine(target, drafter, scheduler=dspark.get_scheduler("sps-greedy"), cost_model=FLAT,
-                    clock=TickClock())
-    prompts = [torch.tensor(p) for p in PROMPTS]
-    rids, done = run_with_late_join(engine, prompts, 20)
-    for rid, p in zip(rids, prompts):
-        assert done[rid].output_ids == greedy_decode(model, p, 20), f"{path}: {rid} diverged"
-    assert sum(c.metrics["accepted"] for c in done.values()) > 0
+    assert_engine_is_greedy_identical(model, target, drafter, f"kept rows / {path}")
     assert drafter.loop.runner._graphs["head"][0].rows.hits > 0
 
 
