@@ -142,6 +142,7 @@ def test_the_demo_races_the_recorded_cut(tiny_checkpoint, full_overhead, wins):
     assert (won is not None) == wins
     assert record["chosen"] == ("d:vocab=12" if wins else "d")
     if wins:
-        drafter, runner = won
+        drafter, runner, (ref, label, _, _) = won
+        assert ref == (folder, 12) and label == "d-vocab12"
         assert drafter.config.draft_vocab_size == 13 and runner.runner in runner.overhead_seconds
     assert f"{record['chosen']} drafts more tokens a second" in record["reason"]

@@ -173,21 +173,33 @@ def _load_drafter(ref, target) -> Any:
     return from_pretrained(ref[0], target, draft_vocab=ref[1])
 
 
+def _variant(folder, draft_vocab: int | None) -> tuple:
+    """The folder's drafter (``draft_vocab`` None) or its ``:vocab=K`` variant as the demo runs it:
+    (ref, report label, calibrator — None under a calibrated confidence.json —, calibration label)."""
+    from dspark.drafters.checkpoint import folder_confidence_model
+    from dspark.drafters.prune import variant_label
+    from dspark.evaluation.drafter_specs import calibration_label, calibrator_beside
+
+    own = folder_confidence_model(folder, draft_vocab)
+    calibrator = calibrator_beside(folder, own)
+    return (folder, draft_vocab), variant_label(folder.name, draft_vocab), calibrator, calibration_label(calibrator, own)
+
+
 def _race_vocab_cut(folder, target, ids, cost, verify_seconds: float, overhead: float):
     """The folder's measured vocabulary cut (:mod:`dspark.drafters.vocab_cut`) against the full
     drafter: the cut's round overhead timed on its fastest runner, then the rule of
     :func:`~dspark.drafters.vocab_cut.cut_pays` (τ from the record, the verification step of a
     drafted round ``verify_seconds``, the full drafter's ``overhead``). → (what was decided, for the
-    report; (drafter, runner choice) of the cut where it wins, else None)."""
+    report; (drafter, runner choice, :func:`_variant`) of the cut where it wins, else None)."""
     from dspark.drafters.vocab_cut import cut_pays, raceable_cut
-    from dspark.evaluation.drafter_specs import folder_calibrator
     from dspark.fast.drafter import choose_draft_runner
 
     cut, why_not = raceable_cut(folder)
     if cut is None:
         return {"raced": False, "reason": f"vocabulary cut not raced: {why_not}"}, None
-    drafter = _load_drafter((folder, cut.draft_vocab), target)
-    runner = choose_draft_runner(target, drafter, ids, cost, folder_calibrator(folder, cut.draft_vocab))
+    variant = _variant(folder, cut.draft_vocab)
+    drafter = _load_drafter(variant[0], target)
+    runner = choose_draft_runner(target, drafter, ids, cost, variant[2])
     cut_overhead = runner.overhead_seconds.get(runner.runner, float("inf"))
     wins = cut_pays(cut, verify_seconds, overhead, cut_overhead)
     pick = f"{folder.name}{cut.reference}" if wins else folder.name
@@ -198,7 +210,7 @@ def _race_vocab_cut(folder, target, ids, cost, verify_seconds: float, overhead: 
     record = {"raced": True, "draft_vocab": cut.draft_vocab, "tau_full": cut.tau_full, "tau_cut": cut.tau_cut,
               "overhead_full": overhead, "overhead_cut": cut_overhead, "verify_seconds": verify_seconds,
               "cut_runner": runner.to_dict(), "chosen": pick, "reason": reason}
-    return record, ((drafter, runner) if wins else None)
+    return record, ((drafter, runner, variant) if wins else None)
 
 
 def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None, step="packed",
@@ -279,10 +291,8 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     from dspark.checkpoints import resolve_checkpoint
     from dspark.data.natural.common import SHIPPED_EVAL
     from dspark.data.prompts import prompt_request
-    from dspark.drafters.checkpoint import folder_confidence_model
-    from dspark.drafters.prune import parse_drafter_ref, variant_label
+    from dspark.drafters.prune import parse_drafter_ref
     from dspark.engine import encode_prompt
-    from dspark.evaluation.drafter_specs import calibration_label, calibrator_beside
     from dspark.evaluation.inputs import eval_prompts
 
     opts = resolve_options(DemoOptions, options, overrides)
@@ -291,11 +301,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     torch.manual_seed(0)
     name, draft_vocab = parse_drafter_ref(opts.drafter)
     folder = resolve_checkpoint(name)
-    ref = (folder, draft_vocab)
-    label = variant_label(folder.name, draft_vocab)
-    own = folder_confidence_model(folder, draft_vocab)
-    calibrator = calibrator_beside(folder, own)  # None under a calibrated confidence.json
-    calibration = calibration_label(calibrator, own)
+    ref, label, calibrator, calibration = _variant(folder, draft_vocab)
     greedy = SamplingParams.greedy()
 
     # 1–2. correctness, fp32 ------------------------------------------------------------------
@@ -342,12 +348,7 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
             vocab_race, won = _race_vocab_cut(folder, race_target, ids[:2], cost, choice.profile[gamma + 1], overhead)
             log.info("%s", vocab_race["reason"])
             if won is not None:
-                drafter, runner = won
-                draft_vocab = vocab_race["draft_vocab"]
-                ref, label = (folder, draft_vocab), variant_label(folder.name, draft_vocab)
-                own = folder_confidence_model(folder, draft_vocab)
-                calibrator = calibrator_beside(folder, own)
-                calibration = calibration_label(calibrator, own)
+                drafter, runner, (ref, label, calibrator, calibration) = won
                 overhead = runner.overhead_seconds[runner.runner]
     prior = GatePrior(survival, {1: overhead})
     spec_engine = _engine(model, tok, ref, calibrator, cost, scheduler=_scheduler(opts.scheduler), gate=opts.gate,

@@ -270,13 +270,11 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     prior = (bench_gate_prior(opts, out, gated, traces_recorded, target, drafter, ids, cost, calibrator)
              if opts.mode != "simulate" else None)
     summaries, runs = [], []
-    if opts.mode in ("measure", "both") and getattr(target, "path", None) == "compiled":
-        from dspark.fast.warm import (
-            warm_up,  # every shape class compiled before the first timed run
-        )
-
-        warm_up(target, drafter, ids[0], cost_model=cost)
     if opts.mode in ("measure", "both"):
+        if getattr(target, "path", None) == "compiled":  # every shape class compiled before the first timed run
+            from dspark.fast.warm import warm_up
+
+            warm_up(target, drafter, ids[0], cost_model=cost)
         todo = [(rep, c, s) for rep in range(opts.repeats) for c in opts.concurrency for s in specs]
         bar = tqdm(total=sum(_requests_at(opts, c) for _, c, _ in todo), desc="bench (requests)", disable=opts.quiet)
 

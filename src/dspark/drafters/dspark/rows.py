@@ -75,8 +75,9 @@ class CorrectionRows:
             if t in self.slots:
                 self.slots.move_to_end(t)
         new = [t for t in distinct if t not in self.slots]
-        self.misses += sum(t in new for t in ids)
-        self.hits += len(ids) - sum(t in new for t in ids)
+        missed = sum(t in new for t in ids)
+        self.misses += missed
+        self.hits += len(ids) - missed
         if new:
             self._store(new, self.head._correction(torch.tensor(new, dtype=prev.dtype), None))
         return self.table.index_select(0, torch.tensor([self.slots[t] for t in ids]))  # [B, V_d]
