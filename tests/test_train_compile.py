@@ -13,7 +13,7 @@ import torch
 from dspark.training.batches import build_batch, global_batch
 from dspark.training.compiled import CompiledObjective
 from dspark.training.trainer import TrainConfig, TrainData, Trainer, _Objective
-from test_training import DRAFTERS, ddp_equals_one_process, make, tiny_data, tiny_model
+from test_training import DRAFTERS, ddp_equals_one_process, frozen_tiny_model, make, tiny_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TIGHT = dict(rtol=1e-5, atol=1e-6)  # fp32: inductor may only reorder sums
@@ -21,10 +21,7 @@ TIGHT = dict(rtol=1e-5, atol=1e-6)  # fp32: inductor may only reorder sums
 
 @pytest.fixture(scope="module")
 def model():
-    m = tiny_model()
-    for p in m.parameters():
-        p.requires_grad_(False)
-    return m
+    return frozen_tiny_model()
 
 
 @pytest.fixture(scope="module")

@@ -58,12 +58,17 @@ def tiny_data(n: int = 12, seed: int = 0):
     return seqs, pls
 
 
-@pytest.fixture(scope="module")
-def model():
+def frozen_tiny_model():
+    """:func:`tiny_model` with its weights frozen: the target a drafter trains against."""
     m = tiny_model()
     for p in m.parameters():
         p.requires_grad_(False)
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return frozen_tiny_model()
 
 
 DRAFTERS = {
