@@ -55,10 +55,10 @@ def dspark_graph_specs(drafter: Any, live: bool = False) -> list[GraphSpec]:
     d = s.hidden_size
     specs = block_graph_specs(drafter, live, examples)
     if drafter.head is not None:
-        graph = HeadStepGraph(drafter)
         stateful = head_is_stateful(drafter.head)
-        if live and not stateful and caches_rows(drafter.head, next(drafter.parameters()).device):
-            graph = CachedHeadStep(drafter)  # same inputs and outputs, the correction rows kept
+        keep_rows = live and not stateful and caches_rows(drafter.head, next(drafter.parameters()).device)
+        # the cached step has the same inputs and outputs, its correction rows kept
+        graph = CachedHeadStep(drafter) if keep_rows else HeadStepGraph(drafter)
         inputs = ["prev_ids", "h_j", "base_logits_j"]
         outputs = ["logits"]
         Vd = drafter.draft_size  # the head works in draft slots (V_d = V without a reduced vocabulary)
