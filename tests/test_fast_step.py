@@ -377,3 +377,30 @@ def test_the_compiled_step_compiles_each_shape_class_once():
         graphs.append(counters["stats"]["unique_graphs"])
     assert [b - a for a, b in zip(graphs, graphs[1:])] == [1, 1], f"graphs compiled by then: {graphs}"
     assert target.path == "compiled"
+
+
+def test_only_the_one_row_one_token_graphs_autotune_their_products():
+    """A compiled graph's settings are read when it compiles: every CPU graph gets the C++ wrapper
+    and weight freezing, and only the one-request, one-token class autotunes its products (a graph
+    dynamic in its row count would keep the GEMM chosen at its first size)."""
+    import torch._inductor.config as inductor_config
+
+    model = tiny_causal_lm("llama", vocab_size=V, max_positions=64, num_layers=2)
+    target = FastTarget(model, path="compiled")
+    run = target._run
+    seen = []
+
+    def record(tokens, *rest):  # stands in for the compiled graph: what a compile would read
+        seen.append((tuple(tokens.shape), inductor_config.freezing, inductor_config.cpp_wrapper,
+                     inductor_config.max_autotune))
+        return target._step(tokens, *rest[:3], target._step.graph_capture, *rest[4:])
+
+    run.fn = record
+    g = torch.Generator().manual_seed(3)
+    target.prefill(["a", "b"], [torch.randint(V, (3,), generator=g) for _ in range(2)])
+    for rids, q in ((["a"], 1), (["a"], 4), (["a", "b"], 1), (["a", "b"], 3)):
+        tokens = torch.randint(V, (len(rids), q), generator=g)
+        target.verify(rids, tokens, torch.full((len(rids),), q - 1))
+    assert seen == [((1, 1), True, True, True), ((1, 4), True, True, False),
+                    ((2, 1), True, True, False), ((2, 3), True, True, False)]
+    assert not inductor_config.max_autotune and not inductor_config.cpp_wrapper  # restored after each call

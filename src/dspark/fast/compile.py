@@ -2,7 +2,13 @@
 
 * CPU: inductor with weight freezing — parameters become constants, so the linear weights are
   prepacked for oneDNN / MKL once (AMX or AVX-512 tiles for bf16) and the element-wise ops between
-  them fuse into a few C++ loops;
+  them fuse into a few C++ loops; the graph's wrapper is C++, not Python (hundreds of tensor
+  views and size checks a call, which cost a one-token step milliseconds); and a graph of one row
+  (a matrix-vector product per weight) autotunes each product between oneDNN and inductor's own
+  C++ GEMM template (:data:`AUTOTUNE_OPTIONS`), whose micro-kernel streams a weight faster than
+  oneDNN there — at several rows oneDNN's bf16 kernels win, and a graph dynamic in its row count
+  would keep the template chosen at its first size for every later one, so those graphs do not
+  autotune;
 * GPU: ``mode="reduce-overhead"`` — each shape's kernels are captured once as a CUDA graph and
   replayed, removing the per-kernel launch cost that bounds a small model's eager step.
 
@@ -15,11 +21,12 @@ packed step, in one logged sentence, if a model's compile fails later.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["CompileUnavailable", "check_compiler", "compile_step", "first_line"]
+__all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "CompileUnavailable", "check_compiler", "compile_step", "first_line"]
 
 
 class CompileUnavailable(RuntimeError):
@@ -51,7 +58,8 @@ def first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}".rstrip(": ")
 
 
-def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool | None = None) -> Any:
+def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool | None = None,
+                 autotune: Callable[..., bool] | None = None) -> Any:
     """``step`` compiled for ``device`` (after :func:`check_compiler`). Graphs are compiled at the
     first call of each new shape class.
 
@@ -59,13 +67,18 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     specialises only sizes 0 and 1, so one graph per class (one row or several × one token or
     several × the past's layout × the capture set) covers every verification.
     On a GPU sizes become symbolic at their second value and each concrete size records its own
-    CUDA graph."""
+    CUDA graph.
+
+    ``autotune`` (CPU): called with a call's arguments, true where the graph that call compiles (if
+    it compiles one) may autotune its products (:data:`AUTOTUNE_OPTIONS`); only for shape classes
+    of fixed sizes, such as torch's size-1 specialisations."""
     check_compiler(device)
     # fullgraph: a graph break would otherwise run the whole step eagerly and unpacked, silently
     # (slower than the packed step); as an error it reaches FastTarget's fallback and is said
     if device.type == "cuda":
-        return _Patched(torch.compile(step, mode="reduce-overhead", dynamic=dynamic, fullgraph=True), freezing=False)
-    return _Patched(torch.compile(step, dynamic=True if dynamic is None else dynamic, fullgraph=True))
+        return _Patched(torch.compile(step, mode="reduce-overhead", dynamic=dynamic, fullgraph=True), {})
+    return _Patched(torch.compile(step, dynamic=True if dynamic is None else dynamic, fullgraph=True), CPU_OPTIONS,
+                    autotune)
 
 
 # Graphs one step may need: 1 or several rows × 1 or several tokens × the capture sets a model
@@ -74,15 +87,28 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
 _RECOMPILE_LIMIT = 64
 
 
-class _Patched:
-    """Calls a compiled step with inductor's weight freezing on (CPU) and room for the step's
-    graphs. Both settings are read when a graph is compiled, which happens at the first call of
-    each new shape class, so every call sets them (``torch.compile(options={"freezing": True})``
-    does not reach the freezing pass: the weights stay graph inputs and every bf16 product
-    re-lays its weight out, as in eager)."""
+#: inductor settings of every CPU graph (module docstring)
+CPU_OPTIONS: dict[str, Any] = {"freezing": True, "cpp_wrapper": True}
 
-    def __init__(self, fn: Any, freezing: bool = True) -> None:
-        self.fn, self.freezing = fn, freezing
+#: and of a graph that autotunes its products: each product's candidates are timed once per shape
+#: when the graph compiles (seconds each), and nothing is printed
+AUTOTUNE_OPTIONS: dict[str, Any] = {
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+    "autotune_num_choices_displayed": 0,
+    "max_autotune_report_choices_stats": False,
+}
+
+
+class _Patched:
+    """Calls a compiled step with inductor's ``options`` (:data:`CPU_OPTIONS` on a CPU) and room
+    for the step's graphs. The settings are read when a graph is compiled, which happens at the
+    first call of each new shape class, so every call sets them (``torch.compile(options=
+    {"freezing": True})`` does not reach the freezing pass: the weights stay graph inputs and every
+    bf16 product re-lays its weight out, as in eager)."""
+
+    def __init__(self, fn: Any, options: dict[str, Any], autotune: Callable[..., bool] | None = None) -> None:
+        self.fn, self.options, self.autotune = fn, options, autotune
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch._dynamo.config as dynamo_config
@@ -92,7 +118,10 @@ class _Patched:
         # use_duck_shape=False: by default two sizes equal at the first call share one symbol, so
         # a past of T = 64 positions next to a head dimension of 64 made T a constant 64, and every
         # longer context compiled another graph
-        with inductor_config.patch(freezing=self.freezing), fx_config.patch(use_duck_shape=False), \
+        options = self.options
+        if self.autotune is not None and self.autotune(*args, **kwargs):
+            options = {**options, **AUTOTUNE_OPTIONS}
+        with inductor_config.patch(options), fx_config.patch(use_duck_shape=False), \
                 dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT,
                                     accumulated_recompile_limit=max(_RECOMPILE_LIMIT, 256)):
             return self.fn(*args, **kwargs)
