@@ -21,6 +21,7 @@ packed step, in one logged sentence, if a model's compile fails later.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -119,9 +120,13 @@ class _Patched:
         # a past of T = 64 positions next to a head dimension of 64 made T a constant 64, and every
         # longer context compiled another graph
         options = self.options
-        if self.autotune is not None and self.autotune(*args, **kwargs):
+        autotune = self.autotune is not None and self.autotune(*args, **kwargs)
+        if autotune:
             options = {**options, **AUTOTUNE_OPTIONS}
         with inductor_config.patch(options), fx_config.patch(use_duck_shape=False), \
                 dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT,
-                                    accumulated_recompile_limit=max(_RECOMPILE_LIMIT, 256)):
+                                    accumulated_recompile_limit=max(_RECOMPILE_LIMIT, 256)), \
+                warnings.catch_warnings():
+            if autotune:  # inductor's GEMM benchmarking reads a deprecated storage API: not the user's concern
+                warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
             return self.fn(*args, **kwargs)
