@@ -356,10 +356,13 @@ def test_the_engine_routes_a_bf16_drafters_linears_through_packed_weights():
 
 def test_the_compiled_step_compiles_each_shape_class_once():
     """One request decoding across several cache buckets, then drafting blocks: one graph for
-    q = 1 and one for q > 1, however long the context grows. The bucket equals the head
-    dimension, the coincidence (T = d at the first call) that once made T a constant; and the
-    cache grows under the read view, whose strides once compiled a second graph."""
+    q = 1, one for 1 < q ≤ FEW_ROWS and one above, however long the context grows and in whatever
+    order the widths come. The bucket equals the head dimension, the coincidence (T = d at the
+    first call) that once made T a constant; and the cache grows under the read view, whose
+    strides once compiled a second graph."""
     from torch._dynamo.utils import counters
+
+    from dspark.fast.compile import FEW_ROWS
 
     model = tiny_causal_lm("llama", vocab_size=V, max_positions=256, num_layers=3, init_range=0.3)
     d = model.config.hidden_size // model.config.num_attention_heads
@@ -369,21 +372,25 @@ def test_the_compiled_step_compiles_each_shape_class_once():
     prompt = [torch.randint(V, (3,), generator=g)]
     _same(target.prefill(["a"], prompt), ref.prefill(["a"], prompt), ())
     graphs = [counters["stats"]["unique_graphs"]]
-    for q, steps in ((1, 5 * d), (4, 2 * d)):  # the cache crosses several buckets of d positions
-        for _ in range(steps // q):
+    widths = ((1,), (FEW_ROWS,), (FEW_ROWS + 2,), (2, FEW_ROWS + 1, 3, 2 * FEW_ROWS))
+    for qs, steps in zip(widths, (5 * d, 2 * d, 2 * d, 2 * d)):  # the cache crosses several buckets of d positions
+        for i in range(steps // max(qs)):
+            q = qs[i % len(qs)]
             tokens = torch.randint(V, (1, q), generator=g)
             ells = torch.tensor([q - 1])
             _same(target.verify(["a"], tokens, ells), ref.verify(["a"], tokens, ells), ())
         graphs.append(counters["stats"]["unique_graphs"])
-    assert [b - a for a, b in zip(graphs, graphs[1:])] == [1, 1], f"graphs compiled by then: {graphs}"
+    assert [b - a for a, b in zip(graphs, graphs[1:])] == [1, 1, 1, 0], f"graphs compiled by then: {graphs}"
     assert target.path == "compiled"
 
 
-def test_only_the_one_row_one_token_graphs_autotune_their_products():
+def test_each_row_class_compiles_with_its_own_gemm_settings():
     """A compiled graph's settings are read when it compiles: every CPU graph gets the C++ wrapper
-    and weight freezing, and only the one-request, one-token class autotunes its products (a graph
-    dynamic in its row count would keep the GEMM chosen at its first size)."""
+    and weight freezing; one request's 1 … FEW_ROWS tokens autotune their products (each class
+    bounded in its row count), and the rest keep oneDNN."""
     import torch._inductor.config as inductor_config
+
+    from dspark.fast.compile import FEW_ROWS
 
     model = tiny_causal_lm("llama", vocab_size=V, max_positions=64, num_layers=2)
     target = FastTarget(model, path="compiled")
@@ -392,15 +399,18 @@ def test_only_the_one_row_one_token_graphs_autotune_their_products():
 
     def record(tokens, *rest):  # stands in for the compiled graph: what a compile would read
         seen.append((tuple(tokens.shape), inductor_config.freezing, inductor_config.cpp_wrapper,
-                     inductor_config.max_autotune))
+                     inductor_config.max_autotune, inductor_config.max_autotune_gemm_backends))
         return target._step(tokens, *rest[:3], target._step.graph_capture, *rest[4:])
 
     run.fn = record
     g = torch.Generator().manual_seed(3)
     target.prefill(["a", "b"], [torch.randint(V, (3,), generator=g) for _ in range(2)])
-    for rids, q in ((["a"], 1), (["a"], 4), (["a", "b"], 1), (["a", "b"], 3)):
+    default_backends = inductor_config.max_autotune_gemm_backends
+    cases = ((["a"], 1), (["a"], 2), (["a"], FEW_ROWS), (["a"], FEW_ROWS + 1), (["a", "b"], 1), (["a", "b"], 3))
+    for rids, q in cases:
         tokens = torch.randint(V, (len(rids), q), generator=g)
         target.verify(rids, tokens, torch.full((len(rids),), q - 1))
-    assert seen == [((1, 1), True, True, True), ((1, 4), True, True, False),
-                    ((2, 1), True, True, False), ((2, 3), True, True, False)]
+    assert seen == [((1, 1), True, True, True, "CPP,ATEN"), ((1, 2), True, True, True, "CPP,ATEN"),
+                    ((1, FEW_ROWS), True, True, True, "CPP,ATEN"), ((1, FEW_ROWS + 1), True, True, False, default_backends),
+                    ((2, 1), True, True, False, default_backends), ((2, 3), True, True, False, default_backends)]
     assert not inductor_config.max_autotune and not inductor_config.cpp_wrapper  # restored after each call

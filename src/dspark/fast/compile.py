@@ -6,9 +6,11 @@
   views and size checks a call, which cost a one-token step milliseconds); and a graph of one row
   (a matrix-vector product per weight) autotunes each product between oneDNN and inductor's own
   C++ GEMM template (:data:`AUTOTUNE_OPTIONS`), whose micro-kernel streams a weight faster than
-  oneDNN there — at several rows oneDNN's bf16 kernels win, and a graph dynamic in its row count
-  would keep the template chosen at its first size for every later one, so those graphs do not
-  autotune;
+  oneDNN there; so does a graph of two to :data:`FEW_ROWS` rows (a short verification), whose
+  products then cost about what one row's cost. Past that the template computes in fp32 and
+  falls behind oneDNN's bf16 kernels, and a graph dynamic in its row count keeps the kernels it
+  chose at its first size for every later one, so the caller bounds the few-row graph's row count
+  and says which calls' graphs autotune (``graph_options``); the others keep oneDNN;
 * GPU: ``mode="reduce-overhead"`` — each shape's kernels are captured once as a CUDA graph and
   replayed, removing the per-kernel launch cost that bounds a small model's eager step.
 
@@ -22,12 +24,13 @@ packed step, in one logged sentence, if a model's compile fails later.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "CompileUnavailable", "check_compiler", "compile_step", "first_line"]
+__all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "FEW_ROWS", "CompileUnavailable", "check_compiler", "compile_step",
+           "first_line"]
 
 
 class CompileUnavailable(RuntimeError):
@@ -60,7 +63,7 @@ def first_line(err: BaseException) -> str:
 
 
 def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool | None = None,
-                 autotune: Callable[..., bool] | None = None) -> Any:
+                 graph_options: Callable[..., Mapping[str, Any] | None] | None = None) -> Any:
     """``step`` compiled for ``device`` (after :func:`check_compiler`). Graphs are compiled at the
     first call of each new shape class.
 
@@ -70,16 +73,18 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     On a GPU sizes become symbolic at their second value and each concrete size records its own
     CUDA graph.
 
-    ``autotune`` (CPU): called with a call's arguments, true where the graph that call compiles (if
-    it compiles one) may autotune its products (:data:`AUTOTUNE_OPTIONS`); only for shape classes
-    of fixed sizes, such as torch's size-1 specialisations."""
+    ``graph_options`` (CPU): called with a call's arguments, the inductor settings beyond
+    :data:`CPU_OPTIONS` of the graph that call compiles, if it compiles one (None: none);
+    :data:`AUTOTUNE_OPTIONS` only for shape classes of fixed sizes, such as torch's size-1
+    specialisations, or of a row count bounded by :data:`FEW_ROWS`
+    (``torch._dynamo.mark_dynamic(..., max=FEW_ROWS)``)."""
     check_compiler(device)
     # fullgraph: a graph break would otherwise run the whole step eagerly and unpacked, silently
     # (slower than the packed step); as an error it reaches FastTarget's fallback and is said
     if device.type == "cuda":
         return _Patched(torch.compile(step, mode="reduce-overhead", dynamic=dynamic, fullgraph=True), {})
     return _Patched(torch.compile(step, dynamic=True if dynamic is None else dynamic, fullgraph=True), CPU_OPTIONS,
-                    autotune)
+                    graph_options)
 
 
 # Graphs one step may need: 1 or several rows × 1 or several tokens × the capture sets a model
@@ -100,33 +105,70 @@ AUTOTUNE_OPTIONS: dict[str, Any] = {
     "max_autotune_report_choices_stats": False,
 }
 
+#: the most rows (tokens of all requests) of a graph that autotunes: up to four the template's
+#: products cost about what one row's cost, past them its fp32 arithmetic, not the weight's bytes,
+#: sets the time (docs/reports/2026-12-06-few-rows.md)
+FEW_ROWS = 4
+
+
+def _setter(config: Any, changes: Mapping[str, Any]) -> Callable[[], Callable[[], None]]:
+    """A function that applies ``changes`` to a torch config module and returns the function that
+    reverts them: torch's own low-overhead patcher where it has one (a sixth of ``config.patch``'s
+    cost, which a compiled graph pays on every call), else ``config.patch``."""
+    make = getattr(config, "_make_closure_patcher", None)
+    if make is not None:
+        return make(**changes)
+
+    def apply() -> Callable[[], None]:
+        patch = config.patch(dict(changes))
+        patch.__enter__()
+        return lambda: patch.__exit__(None, None, None)
+
+    return apply
+
 
 class _Patched:
-    """Calls a compiled step with inductor's ``options`` (:data:`CPU_OPTIONS` on a CPU) and room
-    for the step's graphs. The settings are read when a graph is compiled, which happens at the
-    first call of each new shape class, so every call sets them (``torch.compile(options=
-    {"freezing": True})`` does not reach the freezing pass: the weights stay graph inputs and every
-    bf16 product re-lays its weight out, as in eager)."""
+    """Calls a compiled step with inductor's ``options`` (:data:`CPU_OPTIONS` on a CPU), those
+    ``graph_options`` names for the call, and room for the step's graphs. The settings are read
+    when a graph is compiled, which happens at the first call of each new shape class, so every
+    call sets them (``torch.compile(options={"freezing": True})`` does not reach the freezing
+    pass: dynamo reads the setting while it traces, the weights stay graph inputs and every bf16
+    product re-lays its weight out, as in eager)."""
 
-    def __init__(self, fn: Any, options: dict[str, Any], autotune: Callable[..., bool] | None = None) -> None:
-        self.fn, self.options, self.autotune = fn, options, autotune
+    def __init__(self, fn: Any, options: dict[str, Any],
+                 graph_options: Callable[..., Mapping[str, Any] | None] | None = None) -> None:
+        self.fn, self.options, self.graph_options = fn, options, graph_options
+        self._setters: dict[int, tuple[Mapping[str, Any] | None, tuple]] = {}  # id(extra) → (extra, setters)
+
+    def setters(self, extra: Mapping[str, Any] | None) -> tuple:
+        """The config setters of a call whose graph takes ``extra`` settings (made once per mapping)."""
+        entry = self._setters.get(id(extra))
+        if entry is None or entry[0] is not extra:
+            import torch._dynamo.config as dynamo_config
+            import torch._inductor.config as inductor_config
+            import torch.fx.experimental._config as fx_config
+
+            # use_duck_shape=False: by default two sizes equal at the first call share one symbol,
+            # so a past of T = 64 positions next to a head dimension of 64 made T a constant 64,
+            # and every longer context compiled another graph
+            entry = (extra, (
+                _setter(inductor_config, {**self.options, **(extra or {})}),
+                _setter(fx_config, {"use_duck_shape": False}),
+                _setter(dynamo_config, {"recompile_limit": _RECOMPILE_LIMIT,
+                                        "accumulated_recompile_limit": max(_RECOMPILE_LIMIT, 256)}),
+            ))
+            self._setters[id(extra)] = entry
+        return entry[1]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import torch._dynamo.config as dynamo_config
-        import torch._inductor.config as inductor_config
-        import torch.fx.experimental._config as fx_config
-
-        # use_duck_shape=False: by default two sizes equal at the first call share one symbol, so
-        # a past of T = 64 positions next to a head dimension of 64 made T a constant 64, and every
-        # longer context compiled another graph
-        options = self.options
-        autotune = self.autotune is not None and self.autotune(*args, **kwargs)
-        if autotune:
-            options = {**options, **AUTOTUNE_OPTIONS}
-        with inductor_config.patch(options), fx_config.patch(use_duck_shape=False), \
-                dynamo_config.patch(recompile_limit=_RECOMPILE_LIMIT,
-                                    accumulated_recompile_limit=max(_RECOMPILE_LIMIT, 256)), \
-                warnings.catch_warnings():
-            if autotune:  # inductor's GEMM benchmarking reads a deprecated storage API: not the user's concern
+        extra = self.graph_options(*args, **kwargs) if self.graph_options is not None else None
+        reverts = [apply() for apply in self.setters(extra)]
+        try:
+            if extra is None:
+                return self.fn(*args, **kwargs)
+            with warnings.catch_warnings():  # inductor's GEMM choice reads a deprecated storage API
                 warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-            return self.fn(*args, **kwargs)
+                return self.fn(*args, **kwargs)
+        finally:
+            for revert in reversed(reverts):
+                revert()

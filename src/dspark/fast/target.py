@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dspark.fast.compile import CompileUnavailable, first_line
+from dspark.fast.compile import AUTOTUNE_OPTIONS, FEW_ROWS, CompileUnavailable, first_line
 from dspark.fast.llama import LlamaStep, supports
 from dspark.hf_batch_cache import RequestKV, zero_padded
 from dspark.hf_target import HFTarget
@@ -46,10 +46,28 @@ def _shared_step(model: Any, path: str, device: torch.device) -> tuple[LlamaStep
         if path == "compiled":
             from dspark.fast.compile import compile_step
 
-            # the one-row, one-token class (plain decoding of one request) autotunes its products
-            run = compile_step(step, device, autotune=lambda tokens, *rest: tokens.numel() == 1)
+            run = compile_step(step, device, graph_options=_graph_options)
         per_model[path] = (step, run)
     return per_model[path]
+
+
+def _graph_options(tokens: torch.Tensor, *rest: Any) -> dict[str, Any] | None:
+    """The inductor settings of the graph a step on ``tokens`` [R, q] compiles beyond the CPU's
+    own (:func:`~dspark.fast.compile.compile_step`): one request's 1 … FEW_ROWS tokens (plain
+    decoding and a short verification, the classes :func:`_mark_rows` bounds) autotune their
+    products; the rest run on oneDNN."""
+    R, q = tokens.shape
+    return AUTOTUNE_OPTIONS if R == 1 and q <= FEW_ROWS else None
+
+
+def _mark_rows(tokens: torch.Tensor, most: int) -> None:
+    """Bound the token count of one request's several-token graph to 2 … FEW_ROWS or FEW_ROWS + 1
+    … ``most`` (the context limit), so a short and a long verification compile one graph each (a
+    graph dynamic in q keeps the kernels it chose at its first size)."""
+    R, q = tokens.shape
+    if R == 1 and q > 1:
+        lo, hi = (2, FEW_ROWS) if q <= FEW_ROWS else (FEW_ROWS + 1, max(most, q))
+        torch._dynamo.mark_dynamic(tokens, 1, min=lo, max=hi)
 
 
 def build_target(model: Any, tokenizer: Any = None, capture_layers: Iterable[int] = (), *,
@@ -140,6 +158,8 @@ class FastTarget(HFTarget):
         # a fresh [R, q] tensor: a slice of a wider one keeps its strides, and a compiled graph
         # guards on them (a [1, 1] slice of a [1, 8] block would compile its own graph)
         tokens = torch.empty((R, q), dtype=tokens.dtype, device=dev).copy_(tokens)
+        if run is not self._step and dev.type == "cpu":
+            _mark_rows(tokens, self.max_context)
         args = (tokens, position_ids, past, valid, None if run is not self._step else asked, want_logits)
         try:
             logits, captured, new_kv = run(*args)

@@ -1,13 +1,13 @@
 """Compile a serving engine's graphs before its first request.
 
 A compiled target step (:class:`~dspark.fast.FastTarget`, ``path="compiled"``) compiles one graph
-per shape class at the class's first call: one request or several × one token or several (a plain
-round, a verification) × the layers captured for the drafter; a compiled draft runner does the
-same for its graphs. Each compile takes seconds to minutes, so the first request to meet a class
+per shape class at the class's first call: one request or several × one token, a few or more (a
+plain round, a short or a long verification) × the layers captured for the drafter; a compiled
+draft runner does the same for its graphs. Each compile takes seconds to minutes, so the first request to meet a class
 — in a server, the first time two requests overlap — stalls for that long. :func:`warm_up` runs
 the classes once at start-up instead: short greedy generations at each batch size, drafting every
-round (the verification classes and the drafter's graphs) and then plainly (the one-token
-classes), on the serving engine's own target and drafter, and says how long it took and how many
+round at the drafter's full length and at a short one (the verification classes and the
+drafter's graphs) and then plainly (the one-token classes), on the serving engine's own target and drafter, and says how long it took and how many
 graphs it compiled. The per-request state it creates is released when the generations finish.
 """
 
@@ -60,10 +60,14 @@ def warm_up(target: Any, drafter: Any, prompt: torch.Tensor, batch_sizes: Sequen
     sizes = tuple(dict.fromkeys(int(b) for b in batch_sizes))
     if not sizes or min(sizes) < 1:
         raise ValueError(f"batch_sizes must be positive request counts, got {list(batch_sizes)}")
+    from dspark.fast.compile import FEW_ROWS
+
     engines = []
     if drafter is not None:  # first: its rounds capture the drafter's layers, the union's graph
-        engines.append(Engine(target, drafter, scheduler=get_scheduler("fixed", k=drafter.gamma),
-                              cost_model=cost_model, calibrator="identity"))
+        # a long verification and a short one (at most FEW_ROWS tokens: a graph of its own)
+        for k in dict.fromkeys((drafter.gamma, min(drafter.gamma, FEW_ROWS - 1))):
+            engines.append(Engine(target, drafter, scheduler=get_scheduler("fixed", k=k),
+                                  cost_model=cost_model, calibrator="identity"))
     engines.append(Engine(target, None, cost_model=cost_model))
     gamma = drafter.gamma if drafter is not None else 1
     t0, before = time.perf_counter(), _graphs_compiled()
