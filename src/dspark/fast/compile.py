@@ -6,11 +6,14 @@
   views and size checks a call, which cost a one-token step milliseconds); and a graph of one row
   (a matrix-vector product per weight) autotunes each product between oneDNN and inductor's own
   C++ GEMM template (:data:`AUTOTUNE_OPTIONS`), whose micro-kernel streams a weight faster than
-  oneDNN there; so does a graph of two to :data:`FEW_ROWS` rows (a short verification), whose
-  products then cost about what one row's cost. Past that the template computes in fp32 and
-  falls behind oneDNN's bf16 kernels, and a graph dynamic in its row count keeps the kernels it
-  chose at its first size for every later one, so the caller bounds the few-row graph's row count
-  and says which calls' graphs autotune (``graph_options``); the others keep oneDNN;
+  oneDNN there; a bf16 graph of two to :data:`FEW_ROWS` rows (a short verification) takes the
+  template untimed (:data:`FEW_ROWS_OPTIONS`): inductor times each product alone, its weight hot
+  in the cache, and there picked oneDNN for enough of them to leave the step as slow as before,
+  while a step streams each weight from memory once, and then the template's few rows cost about
+  what one row costs. Past that the template computes in fp32 and falls behind oneDNN's bf16
+  kernels, and a graph dynamic in its row count keeps the kernels it chose at its first size for
+  every later one, so the caller bounds the few-row graph's row count and says which settings a
+  call's graph takes (``graph_options``); the other graphs keep oneDNN;
 * GPU: ``mode="reduce-overhead"`` — each shape's kernels are captured once as a CUDA graph and
   replayed, removing the per-kernel launch cost that bounds a small model's eager step.
 
@@ -29,8 +32,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "FEW_ROWS", "CompileUnavailable", "check_compiler", "compile_step",
-           "first_line"]
+__all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "FEW_ROWS", "FEW_ROWS_OPTIONS", "CompileUnavailable", "check_compiler",
+           "compile_step", "first_line"]
 
 
 class CompileUnavailable(RuntimeError):
@@ -76,8 +79,8 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     ``graph_options`` (CPU): called with a call's arguments, the inductor settings beyond
     :data:`CPU_OPTIONS` of the graph that call compiles, if it compiles one (None: none);
     :data:`AUTOTUNE_OPTIONS` only for shape classes of fixed sizes, such as torch's size-1
-    specialisations, or of a row count bounded by :data:`FEW_ROWS`
-    (``torch._dynamo.mark_dynamic(..., max=FEW_ROWS)``)."""
+    specialisations, and :data:`FEW_ROWS_OPTIONS` for a bf16 class whose row count is bounded by
+    :data:`FEW_ROWS` (``torch._dynamo.mark_dynamic(..., max=FEW_ROWS)``)."""
     check_compiler(device)
     # fullgraph: a graph break would otherwise run the whole step eagerly and unpacked, silently
     # (slower than the packed step); as an error it reaches FastTarget's fallback and is said
@@ -105,10 +108,15 @@ AUTOTUNE_OPTIONS: dict[str, Any] = {
     "max_autotune_report_choices_stats": False,
 }
 
-#: the most rows (tokens of all requests) of a graph that autotunes: up to four the template's
-#: products cost about what one row's cost, past them its fp32 arithmetic, not the weight's bytes,
-#: sets the time (docs/reports/2026-12-06-few-rows.md)
+#: the most rows (tokens of all requests) of a graph on :data:`FEW_ROWS_OPTIONS`: up to four the
+#: template's products cost about what one row's cost, past them its fp32 arithmetic, not the
+#: weight's bytes, sets the time (docs/reports/2026-12-06-few-rows.md)
 FEW_ROWS = 4
+
+#: and of a bf16 graph of two to :data:`FEW_ROWS` rows: each product on the C++ GEMM template
+#: where it applies, untimed (oneDNN where it does not: inductor's lowering of a packed bf16
+#: product keeps it; an fp32 product's lowering has no such fallback, hence bf16 only)
+FEW_ROWS_OPTIONS: dict[str, Any] = {**AUTOTUNE_OPTIONS, "max_autotune_gemm_backends": "CPP"}
 
 
 def _setter(config: Any, changes: Mapping[str, Any]) -> Callable[[], Callable[[], None]]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dspark.fast.compile import AUTOTUNE_OPTIONS, FEW_ROWS, CompileUnavailable, first_line
+from dspark.fast.compile import AUTOTUNE_OPTIONS, FEW_ROWS, FEW_ROWS_OPTIONS, CompileUnavailable, first_line
 from dspark.fast.llama import LlamaStep, supports
 from dspark.hf_batch_cache import RequestKV, zero_padded
 from dspark.hf_target import HFTarget
@@ -51,13 +51,18 @@ def _shared_step(model: Any, path: str, device: torch.device) -> tuple[LlamaStep
     return per_model[path]
 
 
-def _graph_options(tokens: torch.Tensor, *rest: Any) -> dict[str, Any] | None:
+def _graph_options(tokens: torch.Tensor, position_ids: torch.Tensor, past: torch.Tensor,
+                   *rest: Any) -> dict[str, Any] | None:
     """The inductor settings of the graph a step on ``tokens`` [R, q] compiles beyond the CPU's
-    own (:func:`~dspark.fast.compile.compile_step`): one request's 1 … FEW_ROWS tokens (plain
-    decoding and a short verification, the classes :func:`_mark_rows` bounds) autotune their
-    products; the rest run on oneDNN."""
+    own (:func:`~dspark.fast.compile.compile_step`): one request's one token (plain decoding)
+    autotunes its products; one request's 2 … FEW_ROWS tokens (a short verification, the class
+    :func:`_mark_rows` bounds) run them on the GEMM template in bf16; the rest on oneDNN."""
     R, q = tokens.shape
-    return AUTOTUNE_OPTIONS if R == 1 and q <= FEW_ROWS else None
+    if R != 1:
+        return None
+    if q == 1:
+        return AUTOTUNE_OPTIONS
+    return FEW_ROWS_OPTIONS if q <= FEW_ROWS and past.dtype == torch.bfloat16 else None
 
 
 def _mark_rows(tokens: torch.Tensor, most: int) -> None:
