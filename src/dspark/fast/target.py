@@ -21,7 +21,13 @@ from typing import Any
 
 import torch
 
-from dspark.fast.compile import AUTOTUNE_OPTIONS, FEW_ROWS, FEW_ROWS_OPTIONS, CompileUnavailable, first_line
+from dspark.fast.compile import (
+    AUTOTUNE_OPTIONS,
+    FEW_ROWS,
+    FEW_ROWS_OPTIONS,
+    CompileUnavailable,
+    first_line,
+)
 from dspark.fast.llama import LlamaStep, supports
 from dspark.hf_batch_cache import RequestKV, zero_padded
 from dspark.hf_target import HFTarget
