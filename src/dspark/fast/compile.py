@@ -7,13 +7,13 @@
   (a matrix-vector product per weight) autotunes each product between oneDNN and inductor's own
   C++ GEMM template (:data:`AUTOTUNE_OPTIONS`), whose micro-kernel streams a weight faster than
   oneDNN there; a bf16 graph of two to :data:`FEW_ROWS` rows (a short verification) takes the
-  template untimed (:data:`FEW_ROWS_OPTIONS`): inductor times each product alone, its weight hot
-  in the cache, and there picked oneDNN for enough of them to leave the step as slow as before,
-  while a step streams each weight from memory once, and then the template's few rows cost about
-  what one row costs. Past that the template computes in fp32 and falls behind oneDNN's bf16
-  kernels, and a graph dynamic in its row count keeps the kernels it chose at its first size for
-  every later one, so the caller bounds the few-row graph's row count and says which settings a
-  call's graph takes (``graph_options``); the other graphs keep oneDNN;
+  template untimed (:data:`FEW_ROWS_OPTIONS`): a step streams each weight from memory once, and
+  then the template's few rows cost about what one row costs, while autotuned (inductor times each
+  product alone, its weight hot in the cache) that graph measured as slow as oneDNN's. Past that
+  the template computes in fp32 and falls behind oneDNN's bf16 kernels, and a graph dynamic in its
+  row count keeps the kernels it chose at its first size for every later one, so the caller bounds
+  the few-row graph's row count and says which settings a call's graph takes (``graph_options``);
+  the other graphs keep oneDNN;
 * GPU: ``mode="reduce-overhead"`` — each shape's kernels are captured once as a CUDA graph and
   replayed, removing the per-kernel launch cost that bounds a small model's eager step.
 
