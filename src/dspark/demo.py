@@ -353,10 +353,10 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     prior = GatePrior(survival, {1: overhead})
     spec_engine = _engine(model, tok, ref, calibrator, cost, scheduler=_scheduler(opts.scheduler), gate=opts.gate,
                           prior=prior, step=choice.path, drafter=drafter)
-    if spec_engine.target.path == "compiled":  # every shape class compiled before the timed runs, as dspark serve does
+    if spec_engine.target.path == "compiled":  # each class compiled before the timed runs (one request each)
         from dspark.fast.warm import warm_up
 
-        warm_up(spec_engine.target, spec_engine.drafter, ids[0], cost_model=cost)
+        warm_up(spec_engine.target, spec_engine.drafter, ids[0], batch_sizes=(1,), cost_model=cost)
     # HF generate in both dtypes when they differ (the start-up race is a few steps: noisy)
     hf_models = {"hf_generate": plain_model}
     if plain_model is not model:

@@ -3,12 +3,13 @@
 A compiled target step (:class:`~dspark.fast.FastTarget`, ``path="compiled"``) compiles one graph
 per shape class at the class's first call: one request or several × one token, a few or more (a
 plain round, a short or a long verification) × the layers captured for the drafter; a compiled
-draft runner does the same for its graphs. Each compile takes seconds to minutes, so the first request to meet a class
-— in a server, the first time two requests overlap — stalls for that long. :func:`warm_up` runs
-the classes once at start-up instead: short greedy generations at each batch size, drafting every
-round at the drafter's full length and at a short one (the verification classes and the
-drafter's graphs) and then plainly (the one-token classes), on the serving engine's own target and drafter, and says how long it took and how many
-graphs it compiled. The per-request state it creates is released when the generations finish.
+draft runner does the same for its graphs. Each compile takes seconds to minutes, so the first
+request to meet a class — in a server, the first time two requests overlap — stalls for that long.
+:func:`warm_up` runs the classes once at start-up instead: short greedy generations at each batch
+size, drafting every round at the drafter's full length and at a short one (the verification
+classes and the drafter's graphs) and then plainly (the one-token classes), on the serving
+engine's own target and drafter, and says how long it took and how many graphs it compiled. The
+per-request state it creates is released when the generations finish.
 """
 
 from __future__ import annotations
