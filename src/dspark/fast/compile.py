@@ -80,7 +80,9 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     :data:`CPU_OPTIONS` of the graph that call compiles, if it compiles one (None: none);
     :data:`AUTOTUNE_OPTIONS` only for shape classes of fixed sizes, such as torch's size-1
     specialisations, and :data:`FEW_ROWS_OPTIONS` for a bf16 class whose row count is bounded by
-    :data:`FEW_ROWS` (``torch._dynamo.mark_dynamic(..., max=FEW_ROWS)``)."""
+    :data:`FEW_ROWS` (``torch._dynamo.mark_dynamic(..., max=FEW_ROWS)``). Return one of a few
+    long-lived mappings, such as these module constants: the config patchers are made once per
+    mapping object and kept, so a fresh dict each call would build and keep new ones every call."""
     check_compiler(device)
     # fullgraph: a graph break would otherwise run the whole step eagerly and unpacked, silently
     # (slower than the packed step); as an error it reaches FastTarget's fallback and is said
