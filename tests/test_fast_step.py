@@ -384,6 +384,62 @@ def test_the_compiled_step_compiles_each_shape_class_once():
     assert target.path == "compiled"
 
 
+def test_the_compiled_step_guards_its_capture_set_but_not_its_weights():
+    """dynamo checks no guard on the step's frozen weights before a call (drop_weight_guards), but
+    keeps those on the step's own attributes: a target that starts capturing layers mid-stream
+    compiles a graph that returns them, equal to the HF forward's."""
+    from torch._dynamo.utils import counters
+
+    from dspark.fast.compile import drop_weight_guards, own_forward
+
+    model = tiny_causal_lm("llama", vocab_size=V, max_positions=64, num_layers=3, init_range=0.3)
+    fast, ref = FastTarget(model, path="compiled"), HFTarget(model)
+    kept: list[list[str]] = []
+
+    def recording(entries):
+        keep = drop_weight_guards(entries)
+        kept.append([e.name for e, k in zip(entries, keep) if k])
+        return keep
+
+    fast._run.fn = torch.compile(own_forward(fast._step), dynamic=True, fullgraph=True,
+                                 options={"guard_filter_fn": recording})
+    g = torch.Generator().manual_seed(4)
+    prompt = [torch.randint(V, (5,), generator=g)]
+    _same(fast.prefill(["a"], prompt), ref.prefill(["a"], prompt), ())
+    tokens = torch.randint(V, (1, 1), generator=g)
+    _same(fast.verify(["a"], tokens, torch.tensor([0])), ref.verify(["a"], tokens, torch.tensor([0])), ())
+    before = counters["stats"]["unique_graphs"]
+    for target in (fast, ref):
+        target.set_capture_layers((0, 2))
+    tokens = torch.randint(V, (1, 1), generator=g)
+    _same(fast.verify(["a"], tokens, torch.tensor([0])), ref.verify(["a"], tokens, torch.tensor([0])), (0, 2))
+    assert counters["stats"]["unique_graphs"] == before + 1, "a new capture set compiles a new graph"
+    assert kept and all("self.graph_capture" in names for names in kept)
+    weights = [n for names in kept for n in names if n.startswith(("self._modules", "self._parameters"))]
+    assert not weights, f"guards on frozen weights were kept: {weights[:3]}"
+
+
+def test_two_compiled_models_of_one_shape_never_share_a_graph():
+    """Without guards on the weights, only the code object of its own (own_forward) keeps a model
+    from running another model's frozen graph: two models of one shape and dtype, stepped in turn,
+    each equal their own HF forward."""
+    models = [tiny_causal_lm("llama", vocab_size=V, max_positions=64, num_layers=2, init_range=0.3, seed=s)
+              for s in (11, 12)]
+    fast = [FastTarget(m, path="compiled") for m in models]
+    ref = [HFTarget(m) for m in models]
+    g = torch.Generator().manual_seed(6)
+    prompt = [torch.randint(V, (4,), generator=g)]
+    for f, r in zip(fast, ref):
+        _same(f.prefill(["a"], prompt), r.prefill(["a"], prompt), ())
+    for _ in range(3):
+        tokens = torch.randint(V, (1, 1), generator=g)
+        outs = [f.verify(["a"], tokens, torch.tensor([0])) for f in fast]
+        for out, r in zip(outs, ref):
+            _same(out, r.verify(["a"], tokens, torch.tensor([0])), ())
+        assert not torch.allclose(outs[0].logits, outs[1].logits), "the two models must differ"
+    assert all(f.path == "compiled" for f in fast)
+
+
 def test_each_row_class_compiles_with_its_own_gemm_settings():
     """A compiled graph's settings are read when it compiles: every CPU graph gets the C++ wrapper
     and weight freezing; one request's one token autotunes its products, its 2 … FEW_ROWS tokens

@@ -40,8 +40,9 @@ class DraftVocab:
     def full(self, x: torch.Tensor, fill: float) -> torch.Tensor:
         """[..., V_d] → [..., V] with ``fill`` where the draft vocabulary has no slot."""
         out = x.new_full((*x.shape[:-1], self.vocab_size), fill)
-        out[..., self.draft_ids[:-1].to(x.device)] = x[..., :-1]
-        return out
+        # index_copy_, not out[..., ids] = …: advanced-index assignment costs a greedy round's two
+        # calls (q and the logits, [R, γ, V]) about half a millisecond on a CPU
+        return out.index_copy_(-1, self.draft_ids[:-1].to(x.device), x[..., :-1])
 
 
 def to_slots(vocab: DraftVocab | None, tokens: torch.Tensor) -> torch.Tensor:

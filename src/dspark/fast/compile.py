@@ -13,7 +13,8 @@
   the template computes in fp32 and falls behind oneDNN's bf16 kernels, and a graph dynamic in its
   row count keeps the kernels it chose at its first size for every later one, so the caller bounds
   the few-row graph's row count and says which settings a call's graph takes (``graph_options``);
-  the other graphs keep oneDNN;
+  the other graphs keep oneDNN; and dynamo checks no guard on the module's weights before each
+  call (:func:`drop_weight_guards`: frozen, they are constants of the graph);
 * GPU: ``mode="reduce-overhead"`` — each shape's kernels are captured once as a CUDA graph and
   replayed, removing the per-kernel launch cost that bounds a small model's eager step.
 
@@ -26,6 +27,7 @@ packed step, in one logged sentence, if a model's compile fails later.
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 
 __all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "FEW_ROWS", "FEW_ROWS_OPTIONS", "CompileUnavailable", "check_compiler",
-           "compile_step", "first_line"]
+           "compile_step", "drop_weight_guards", "first_line", "own_forward"]
 
 
 class CompileUnavailable(RuntimeError):
@@ -88,8 +90,36 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     # (slower than the packed step); as an error it reaches FastTarget's fallback and is said
     if device.type == "cuda":
         return _Patched(torch.compile(step, mode="reduce-overhead", dynamic=dynamic, fullgraph=True), {})
-    return _Patched(torch.compile(step, dynamic=True if dynamic is None else dynamic, fullgraph=True), CPU_OPTIONS,
-                    graph_options)
+    return _Patched(torch.compile(own_forward(step), dynamic=True if dynamic is None else dynamic, fullgraph=True,
+                                  options={"guard_filter_fn": drop_weight_guards}), CPU_OPTIONS, graph_options)
+
+
+def own_forward(step: torch.nn.Module) -> Callable[..., Any]:
+    """``step.forward`` bound to ``step`` on a code object of its own. dynamo keeps its compiled
+    graphs per code object, so every module compiled this way holds only its own graphs: another
+    instance of the same class, whose frozen weights differ, can never match one of them, and the
+    guards on the weights (which told instances apart) can go (:func:`drop_weight_guards`)."""
+    fn = type(step).forward
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__ = fn.__kwdefaults__
+    return types.MethodType(own, step)
+
+
+#: where dynamo's guards on a compiled module's weights and submodules start (guard names are
+#: their sources: ``self._modules['layers']._modules['0']._parameters['weight']``, ...)
+_WEIGHT_SOURCES = ("self._modules", "self._parameters", "self._buffers")
+
+
+def drop_weight_guards(entries: Any) -> list[bool]:
+    """dynamo's ``guard_filter_fn`` for frozen CPU graphs of :func:`own_forward`: keep a guard
+    unless it checks the compiled module's submodules, parameters or buffers, which a frozen graph
+    holds as constants anyway (new weights need a new compile: a new compiled step, as
+    :class:`~dspark.drafters.loop.TorchRunner` says). The call's inputs and the module's own
+    attributes keep theirs, such as FastTarget's capture set (``step.graph_capture``), whose change
+    must compile another graph. Nearly all of the target step's guards check its weights, and
+    checking them on every call was a visible share of a one-token step
+    (docs/reports/2026-12-06-draft-round.md)."""
+    return [not entry.name.startswith(_WEIGHT_SOURCES) for entry in entries]
 
 
 # Graphs one step may need: 1 or several rows × 1 or several tokens × the capture sets a model
