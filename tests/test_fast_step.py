@@ -442,8 +442,9 @@ def test_two_compiled_models_of_one_shape_never_share_a_graph():
 
 def test_each_row_class_compiles_with_its_own_gemm_settings():
     """A compiled graph's settings are read when it compiles: every CPU graph gets the C++ wrapper
-    and weight freezing; one request's one token autotunes its products, its 2 … FEW_ROWS tokens
-    (a class bounded in its row count) take the GEMM template in bf16, and the rest keep oneDNN."""
+    and weight freezing; in bf16 one request's one token and its 2 … FEW_ROWS tokens (a class
+    bounded in its row count) take the GEMM template, in fp32 its one token autotunes its products,
+    and the rest keep oneDNN."""
     import torch._inductor.config as inductor_config
 
     from dspark.fast.compile import FEW_ROWS
@@ -470,20 +471,20 @@ def test_each_row_class_compiles_with_its_own_gemm_settings():
                     ((1, FEW_ROWS), True, True, False, default_backends),
                     ((1, FEW_ROWS + 1), True, True, False, default_backends),
                     ((2, 1), True, True, False, default_backends), ((2, 3), True, True, False, default_backends)]
-    # in bf16 the short verifications take the template
+    # in bf16 one token and the short verifications take the template
     bf16 = FastTarget(tiny_causal_lm("llama", vocab_size=V, max_positions=64, num_layers=2).to(torch.bfloat16),
                       path="compiled")
     bf16._run.fn, target, seen[:] = record, bf16, []
     bf16.prefill(["a"], [torch.randint(V, (3,), generator=g)])
     for q in (1, 2, FEW_ROWS, FEW_ROWS + 1):
         bf16.verify(["a"], torch.randint(V, (1, q), generator=g), torch.tensor([q - 1]))
-    assert [s[-1] for s in seen] == ["CPP,ATEN", "CPP", "CPP", default_backends]
+    assert [s[-1] for s in seen] == ["CPP", "CPP", "CPP", default_backends]
     assert not inductor_config.max_autotune and not inductor_config.cpp_wrapper  # restored after each call
 
 
 def test_bf16_short_verifications_compile_on_the_gemm_template_and_agree_with_the_packed_step():
-    """The bf16 graph of 2 … FEW_ROWS tokens compiles with the template allowed alone (oneDNN
-    wherever it does not apply) and computes what the packed eager step computes, to bf16's
+    """The bf16 graphs of one and of 2 … FEW_ROWS tokens compile with the template allowed alone
+    (oneDNN wherever it does not apply) and computes what the packed eager step computes, to bf16's
     rounding; no fallback to another path."""
     from dspark.fast.compile import FEW_ROWS
 
@@ -493,7 +494,7 @@ def test_bf16_short_verifications_compile_on_the_gemm_template_and_agree_with_th
     prompt = [torch.randint(V, (5,), generator=g)]
     with torch.inference_mode():
         fast.prefill(["a"], prompt), ref.prefill(["a"], prompt)
-        for q in (2, FEW_ROWS, 3):
+        for q in (1, 2, FEW_ROWS, 3):
             tokens = torch.randint(V, (1, q), generator=g)
             ells = torch.tensor([q - 1])
             a, b = fast.verify(["a"], tokens, ells), ref.verify(["a"], tokens, ells)

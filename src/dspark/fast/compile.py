@@ -3,13 +3,14 @@
 * CPU: inductor with weight freezing — parameters become constants, so the linear weights are
   prepacked for oneDNN / MKL once (AMX or AVX-512 tiles for bf16) and the element-wise ops between
   them fuse into a few C++ loops; the graph's wrapper is C++, not Python (hundreds of tensor
-  views and size checks a call, which cost a one-token step milliseconds); and a graph of one row
-  (a matrix-vector product per weight) autotunes each product between oneDNN and inductor's own
-  C++ GEMM template (:data:`AUTOTUNE_OPTIONS`), whose micro-kernel streams a weight faster than
-  oneDNN there; a bf16 graph of two to :data:`FEW_ROWS` rows (a short verification) takes the
-  template untimed (:data:`FEW_ROWS_OPTIONS`): a step streams each weight from memory once, and
-  then the template's few rows cost about what one row costs, while autotuned (inductor times each
-  product alone, its weight hot in the cache) that graph measured as slow as oneDNN's. Past that
+  views and size checks a call, which cost a one-token step milliseconds); and a bf16 graph of one
+  to :data:`FEW_ROWS` rows (plain decoding, a short verification) runs its products on inductor's
+  own C++ GEMM template, untimed (:data:`FEW_ROWS_OPTIONS`), whose micro-kernel streams a weight
+  faster than oneDNN there: a step streams each weight from memory once, and then the template's
+  few rows cost about what one row costs, while autotuned (:data:`AUTOTUNE_OPTIONS`: inductor
+  times each product alone, its weight hot in the cache) these graphs measured slower and varied
+  from compile to compile; an fp32 graph of one row autotunes (the template's fp32 lowering has no
+  fallback where it does not apply). Past that
   the template computes in fp32 and falls behind oneDNN's bf16 kernels, and a graph dynamic in its
   row count keeps the kernels it chose at its first size for every later one, so the caller bounds
   the few-row graph's row count and says which settings a call's graph takes (``graph_options``);
@@ -145,7 +146,7 @@ AUTOTUNE_OPTIONS: dict[str, Any] = {
 #: weight's bytes, sets the time (docs/reports/2026-12-06-few-rows.md)
 FEW_ROWS = 4
 
-#: and of a bf16 graph of two to :data:`FEW_ROWS` rows: each product on the C++ GEMM template
+#: and of a bf16 graph of one to :data:`FEW_ROWS` rows: each product on the C++ GEMM template
 #: where it applies, untimed (oneDNN where it does not: inductor's lowering of a packed bf16
 #: product keeps it; an fp32 product's lowering has no such fallback, hence bf16 only)
 FEW_ROWS_OPTIONS: dict[str, Any] = {**AUTOTUNE_OPTIONS, "max_autotune_gemm_backends": "CPP"}

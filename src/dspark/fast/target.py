@@ -60,15 +60,16 @@ def _shared_step(model: Any, path: str, device: torch.device) -> tuple[LlamaStep
 def _graph_options(tokens: torch.Tensor, position_ids: torch.Tensor, past: torch.Tensor,
                    *rest: Any) -> dict[str, Any] | None:
     """The inductor settings of the graph a step on ``tokens`` [R, q] compiles beyond the CPU's
-    own (:func:`~dspark.fast.compile.compile_step`): one request's one token (plain decoding)
-    autotunes its products; one request's 2 … FEW_ROWS tokens (a short verification, the class
-    :func:`_mark_rows` bounds) run them on the GEMM template in bf16; the rest on oneDNN."""
+    own (:func:`~dspark.fast.compile.compile_step`): in bf16 one request's one token (plain
+    decoding) and its 2 … FEW_ROWS tokens (a short verification, the class :func:`_mark_rows`
+    bounds) run their products on the GEMM template, untimed; in fp32 one request's one token
+    autotunes them; the rest run on oneDNN."""
     R, q = tokens.shape
-    if R != 1:
+    if R != 1 or q > FEW_ROWS:
         return None
-    if q == 1:
-        return AUTOTUNE_OPTIONS
-    return FEW_ROWS_OPTIONS if q <= FEW_ROWS and past.dtype == torch.bfloat16 else None
+    if past.dtype == torch.bfloat16:
+        return FEW_ROWS_OPTIONS
+    return AUTOTUNE_OPTIONS if q == 1 else None
 
 
 def _mark_rows(tokens: torch.Tensor, most: int) -> None:
