@@ -440,6 +440,28 @@ def test_two_compiled_models_of_one_shape_never_share_a_graph():
     assert all(f.path == "compiled" for f in fast)
 
 
+def test_own_forward_copies_a_plain_forward_and_declines_any_other():
+    """own_forward gives a module's forward a code object of its own, bound to it and computing the
+    same; a forward that is not a plain function gets None (compile_step then keeps torch's guards)."""
+    from dspark.fast.compile import own_forward
+
+    lin = torch.nn.Linear(3, 2)
+    own = own_forward(lin)
+    x = torch.randn(4, 3)
+    assert own.__func__.__code__ is not torch.nn.Linear.forward.__code__
+    torch.testing.assert_close(own(x), lin(x))
+
+    class Twice:
+        def __call__(self, x):
+            return 2 * x
+
+    class Odd(torch.nn.Module):
+        forward = Twice()  # a callable object, not a function
+
+    torch.testing.assert_close(Odd()(x), 2 * x)
+    assert own_forward(Odd()) is None
+
+
 def test_each_row_class_compiles_with_its_own_gemm_settings():
     """A compiled graph's settings are read when it compiles: every CPU graph gets the C++ wrapper
     and weight freezing; in bf16 one request's one token and its 2 … FEW_ROWS tokens (a class

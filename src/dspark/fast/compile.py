@@ -91,16 +91,24 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     # (slower than the packed step); as an error it reaches FastTarget's fallback and is said
     if device.type == "cuda":
         return _Patched(torch.compile(step, mode="reduce-overhead", dynamic=dynamic, fullgraph=True), {})
-    return _Patched(torch.compile(own_forward(step), dynamic=True if dynamic is None else dynamic, fullgraph=True,
-                                  options={"guard_filter_fn": drop_weight_guards}), CPU_OPTIONS, graph_options)
+    dynamic = True if dynamic is None else dynamic
+    own = own_forward(step)
+    if own is None:  # a forward that is not a plain function: torch's own guards, weights included
+        return _Patched(torch.compile(step, dynamic=dynamic, fullgraph=True), CPU_OPTIONS, graph_options)
+    return _Patched(torch.compile(own, dynamic=dynamic, fullgraph=True, options={"guard_filter_fn": drop_weight_guards}),
+                    CPU_OPTIONS, graph_options)
 
 
-def own_forward(step: torch.nn.Module) -> Callable[..., Any]:
-    """``step.forward`` bound to ``step`` on a code object of its own. dynamo keeps its compiled
-    graphs per code object, so every module compiled this way holds only its own graphs: another
-    instance of the same class, whose frozen weights differ, can never match one of them, and the
-    guards on the weights (which told instances apart) can go (:func:`drop_weight_guards`)."""
+def own_forward(step: torch.nn.Module) -> Callable[..., Any] | None:
+    """``step.forward`` bound to ``step`` on a code object of its own (None where the class's
+    forward is not a plain function). dynamo keeps its compiled graphs per code object, so every
+    module compiled this way holds only its own graphs: another instance of the same class, whose
+    frozen weights differ, can never match one of them, and the guards on the weights (which told
+    instances apart) can go (:func:`drop_weight_guards`). The module's forward hooks are not run
+    (the compiled modules register none)."""
     fn = type(step).forward
+    if not isinstance(fn, types.FunctionType):
+        return None
     own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     own.__kwdefaults__ = fn.__kwdefaults__
     return types.MethodType(own, step)
