@@ -17,6 +17,7 @@ import time
 import torch
 
 import dspark
+from dspark.drafters.loop import TorchRunner
 from dspark.fast.compile import compile_step
 from dspark.types import SamplingParams
 
@@ -63,8 +64,11 @@ def main() -> None:
     for name, inputs in seen.items():
         shapes = {k: tuple(v.shape) for k, v in inputs.items()}
         line = f"{name:9s} eager {median_ms(graphs[name], inputs, args.repeats):7.2f} ms"
-        if args.compile:
-            compiled = compile_step(graphs[name], next(drafter.parameters()).device)
+        device = next(drafter.parameters()).device
+        if args.compile and device.type == "cpu" and name in TorchRunner.EAGER_ON_CPU:
+            line += "   (the compiled runner keeps it eager on a CPU)"
+        elif args.compile:
+            compiled = compile_step(graphs[name], device)
             t0 = time.perf_counter()
             with torch.inference_mode():
                 compiled(**inputs)

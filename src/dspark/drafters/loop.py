@@ -74,7 +74,8 @@ class TorchRunner:
     limits: dict[str, dict[str, int]] = {}
     #: graphs a compiled runner leaves eager on a CPU: the sequential-head step is one gather and two
     #: small products, which a compiled call does not speed up but adds its own call cost to
-    #: (scripts/draft_graphs.py times both); on a GPU every graph is captured (launches bound it)
+    #: (and the cached-rows step compares data pointers, which dynamo cannot trace); on a GPU every
+    #: graph is captured (launches bound it)
     EAGER_ON_CPU: tuple[str, ...] = ("head",)
 
     def __init__(self, drafter: Any, compiled: bool = False) -> None:
