@@ -10,12 +10,12 @@
   few rows cost about what one row costs, while autotuned (:data:`AUTOTUNE_OPTIONS`: inductor
   times each product alone, its weight hot in the cache) these graphs measured slower and varied
   from compile to compile; an fp32 graph of one row autotunes (the template's fp32 lowering has no
-  fallback where it does not apply). Past that
-  the template computes in fp32 and falls behind oneDNN's bf16 kernels, and a graph dynamic in its
-  row count keeps the kernels it chose at its first size for every later one, so the caller bounds
-  the few-row graph's row count and says which settings a call's graph takes (``graph_options``);
-  the other graphs keep oneDNN; and dynamo checks no guard on the module's weights before each
-  call (:func:`drop_weight_guards`: frozen, they are constants of the graph);
+  fallback where it does not apply). Past that the template computes in fp32 and falls behind
+  oneDNN's bf16 kernels, and a graph dynamic in its row count keeps the kernels it chose at its
+  first size for every later one, so the caller bounds the few-row graph's row count and says
+  which settings a call's graph takes (``graph_options``); the other graphs keep oneDNN; and dynamo
+  checks no guard on the module's weights before each call (:func:`drop_weight_guards`: frozen,
+  they are constants of the graph);
 * GPU: ``mode="reduce-overhead"`` — each shape's kernels are captured once as a CUDA graph and
   replayed, removing the per-kernel launch cost that bounds a small model's eager step.
 
@@ -91,12 +91,10 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     # (slower than the packed step); as an error it reaches FastTarget's fallback and is said
     if device.type == "cuda":
         return _Patched(torch.compile(step, mode="reduce-overhead", dynamic=dynamic, fullgraph=True), {})
-    dynamic = True if dynamic is None else dynamic
-    own = own_forward(step)
-    if own is None:  # a forward that is not a plain function: torch's own guards, weights included
-        return _Patched(torch.compile(step, dynamic=dynamic, fullgraph=True), CPU_OPTIONS, graph_options)
-    return _Patched(torch.compile(own, dynamic=dynamic, fullgraph=True, options={"guard_filter_fn": drop_weight_guards}),
-                    CPU_OPTIONS, graph_options)
+    own = own_forward(step)  # None: a forward that is not a plain function keeps every guard
+    guards = {"guard_filter_fn": drop_weight_guards} if own is not None else None
+    return _Patched(torch.compile(own or step, dynamic=True if dynamic is None else dynamic, fullgraph=True,
+                                  options=guards), CPU_OPTIONS, graph_options)
 
 
 def own_forward(step: torch.nn.Module) -> Callable[..., Any] | None:

@@ -64,12 +64,18 @@ def _graph_options(tokens: torch.Tensor, position_ids: torch.Tensor, past: torch
     decoding) and its 2 … FEW_ROWS tokens (a short verification, the class :func:`_mark_rows`
     bounds) run their products on the GEMM template, untimed; in fp32 one request's one token
     autotunes them; the rest run on oneDNN."""
-    R, q = tokens.shape
-    if R != 1 or q > FEW_ROWS:
+    if not _few_rows(tokens):
         return None
     if past.dtype == torch.bfloat16:
         return FEW_ROWS_OPTIONS
-    return AUTOTUNE_OPTIONS if q == 1 else None
+    return AUTOTUNE_OPTIONS if tokens.shape[1] == 1 else None
+
+
+def _few_rows(tokens: torch.Tensor) -> bool:
+    """One request's 1 … FEW_ROWS tokens [R, q]: the rows that :func:`_graph_options` gives their
+    own kernels and :func:`_mark_rows` keeps in graphs of their own."""
+    R, q = tokens.shape
+    return R == 1 and q <= FEW_ROWS
 
 
 def _mark_rows(tokens: torch.Tensor, most: int) -> None:
@@ -78,7 +84,7 @@ def _mark_rows(tokens: torch.Tensor, most: int) -> None:
     graph dynamic in q keeps the kernels it chose at its first size)."""
     R, q = tokens.shape
     if R == 1 and q > 1:
-        lo, hi = (2, FEW_ROWS) if q <= FEW_ROWS else (FEW_ROWS + 1, max(most, q))
+        lo, hi = (2, FEW_ROWS) if _few_rows(tokens) else (FEW_ROWS + 1, max(most, q))
         torch._dynamo.mark_dynamic(tokens, 1, min=lo, max=hi)
 
 
