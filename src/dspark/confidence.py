@@ -72,6 +72,7 @@ class DraftHeadConfidence:
 
     name = "draft-head"
     calibrated = False
+    passes_head_logits = True  # the head's logits as they are (dspark.round.schedule_stop)
 
     def confidence_logits(self, block: DraftBlock) -> torch.Tensor:
         if block.confidence_logits is not None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import torch
 from attrs import frozen
 
@@ -32,7 +33,7 @@ from dspark.schedulers import build_schedule, with_sunk_seconds
 from dspark.types import DraftBlock, SamplingParams
 from dspark.verify import verify, verify_greedy
 
-__all__ = ["RoundInfo", "RoundResult", "speculative_round", "accept"]
+__all__ = ["RoundInfo", "RoundResult", "speculative_round", "accept", "schedule_stop"]
 
 VerifyFn = Callable[[torch.Tensor, torch.Tensor], tuple[Any, torch.Tensor]]
 
@@ -132,6 +133,57 @@ def accept(
     return res.accepted, res.committed
 
 
+def schedule_stop(
+    context: DraftContext,
+    gamma: int,
+    confidence_model: ConfidenceModel | None,
+    calibrator: Calibrator | None,
+    scheduler: Scheduler | None,
+    cost_model: CostModel | None,
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The round's stopping rule for a drafter of block size ``gamma`` (``DraftContext.stop``), or
+    None where it would not be exact.
+
+    Why: a drafter with a sequential head and a confidence head steps γ times, but the schedule
+    verifies ℓ ≤ γ drafts, and the steps past ℓ + 1 are wasted. A lossless scheduler decides on
+    position j from c_1..j (and the valid length), never from c_{j+1..} (a stopping rule), so after
+    step j it can be asked with the later confidences unknown (set to 0): where it verifies fewer
+    than j, the whole block gets the same ℓ, and the drafter stops there, x̂_j undrawn. The rule is
+    returned only where that holds exactly:
+
+    * one request (at R > 1 a batch-global scheduler weighs position j against the other
+      requests' later positions, which are not drawn yet);
+    * a ``lossless`` and ``stateless`` scheduler (no clock, no earlier round: asking it again
+      changes nothing);
+    * confidence logits that are the head's own (``passes_head_logits``), calibrated position by
+      position (``positionwise``).
+
+    The rule: z [1, j] raw confidence logits of steps 1..j → [1] bool, True where position j
+    will not be verified.
+    """
+    if len(context.request_ids) != 1 or scheduler is None or calibrator is None:
+        return None
+    if not (getattr(scheduler, "lossless", False) and getattr(scheduler, "stateless", False)
+            and getattr(confidence_model, "passes_head_logits", False)
+            and getattr(calibrator, "positionwise", False)):
+        return None
+    room = gamma if context.max_lengths is None else int(context.max_lengths[0])
+    valid = max(0, min(gamma, room))  # the block's valid length (dspark.drafters.draws.draft_lengths)
+    verifies_last = getattr(scheduler, "verifies_last", None)
+
+    def stop(z: torch.Tensor) -> torch.Tensor:
+        j = z.shape[1]
+        c = calibrator.calibrate(z)  # [1, j]
+        if j > valid:
+            return torch.tensor([True])
+        if verifies_last is not None:
+            return torch.tensor([not verifies_last(c, valid, cost_model)])
+        unknown = c.new_zeros(1, gamma - j)  # c_{j+1..γ}: a stopping rule's decision on j never reads them
+        return scheduler.lengths(torch.cat([c, unknown], 1), torch.tensor([valid]), cost_model) < j  # [1]
+
+    return stop
+
+
 def speculative_round(
     context: DraftContext,
     verify_fn: VerifyFn,
@@ -154,7 +206,8 @@ def speculative_round(
         lengths = torch.zeros(R, dtype=torch.long)
         tokens = anchors[:, None]  # [R, 1]
     else:
-        block = drafter.draft(context)
+        stop = schedule_stop(context, drafter.gamma, confidence_model, calibrator, scheduler, cost_model)
+        block = drafter.draft(context if stop is None else attrs.evolve(context, stop=stop))
         raw = confidence_model.confidence_logits(block)  # [R, γ]
         calibrated = calibrator.calibrate(raw)  # [R, γ]
         seen_by_scheduler = with_sunk_seconds(scheduler, cost_model, clock() - t0)  # sps-greedy:sunk=true

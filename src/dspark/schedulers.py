@@ -262,9 +262,13 @@ class FullScheduler(SchedulerBase):
 
     name = "full"
     lossless = True
+    stateless = True
 
     def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
         return valid
+
+    def verifies_last(self, c: torch.Tensor, valid: int, cost_model: CostModel | None = None) -> bool:
+        return c.shape[1] <= valid
 
 
 @frozen
@@ -273,10 +277,14 @@ class FixedScheduler(SchedulerBase):
 
     name = "fixed"
     lossless = True
+    stateless = True
     k: int = field(default=1, validator=[validators.instance_of(int), validators.ge(0)])
 
     def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
         return valid.clamp(max=self.k)
+
+    def verifies_last(self, c: torch.Tensor, valid: int, cost_model: CostModel | None = None) -> bool:
+        return c.shape[1] <= min(self.k, valid)
 
 
 @frozen
@@ -289,6 +297,7 @@ class ThresholdScheduler(SchedulerBase):
 
     name = "threshold"
     lossless = True
+    stateless = True
     threshold: float = field(default=0.5, validator=[validators.ge(0.0), validators.le(1.0)])
     mode: str = field(default="step", validator=validators.in_(("step", "survival")))
 
@@ -296,6 +305,10 @@ class ThresholdScheduler(SchedulerBase):
         score = c if self.mode == "step" else survival(c, valid)  # [R, γ]
         keep = (score >= self.threshold) & (torch.arange(c.shape[1])[None, :] < valid[:, None])
         return torch.cumprod(keep.long(), dim=1).sum(dim=1)  # [R]
+
+    def verifies_last(self, c: torch.Tensor, valid: int, cost_model: CostModel | None = None) -> bool:
+        j = c.shape[1]
+        return j <= valid and int(self.lengths(c.float(), torch.tensor([j]))[0]) == j
 
 
 def _require_cost_model(name: str, cost_model: CostModel | None) -> CostModel:
@@ -332,6 +345,12 @@ class SPSGreedyScheduler(SchedulerBase):
     sunk: bool = field(default=False, validator=validators.instance_of(bool))
     _budgets: deque = field(init=False, factory=deque, repr=False, eq=False)  # K of the last `lag` rounds
 
+    @property
+    def stateless(self) -> bool:
+        """Without ``lag`` (which keeps earlier rounds' budgets) or ``sunk`` (which reads the round's
+        clock), ``lengths`` reads only its arguments (:func:`dspark.round.schedule_stop`)."""
+        return self.lag == 0 and not self.sunk
+
     def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
         cm = _require_cost_model(self.name, cost_model)
         if self.lag == 0:
@@ -344,6 +363,16 @@ class SPSGreedyScheduler(SchedulerBase):
             return _lengths_from_admitted(order, self._budgets[-1], R, gamma)
         K = min(self._budgets.popleft(), int(valid.sum()))  # chosen `lag` rounds ago
         return _lengths_from_admitted(order, K, R, gamma)
+
+    def verifies_last(self, c: torch.Tensor, valid: int, cost_model: CostModel | None = None) -> bool:
+        """At one request (and ``lag`` 0): whether position j ≤ ``valid`` is verified given c_1..j
+        [1, j], with the admission curve alone (Θ rose at every admission)."""
+        cm = _require_cost_model(self.name, cost_model)
+        if c.shape[1] > valid:
+            return False
+        a = torch.cumprod(c.float(), dim=1).double().numpy()  # [1, j], as survival() computes it
+        *_, theta = _admission_curve(a, np.array([a.shape[1]]), cm)
+        return bool((theta[1:] > theta[:-1]).all())
 
 
 @frozen

@@ -123,6 +123,7 @@ class STSCalibrator:
     """
 
     name: ClassVar[str] = "sts"
+    positionwise: ClassVar[bool] = True  # c_j reads z_j alone: a prefix calibrates alone
     temperatures: tuple[float, ...] = field(
         default=(), converter=_float_tuple, validator=_temperatures
     )
@@ -208,6 +209,7 @@ class STSBiasCalibrator:
     """
 
     name: ClassVar[str] = "sts-bias"
+    positionwise: ClassVar[bool] = True  # c_j reads z_j alone: a prefix calibrates alone
     temperatures: tuple[float, ...] = field(
         default=(), converter=_float_tuple, validator=_temperatures
     )

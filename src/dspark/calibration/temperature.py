@@ -54,6 +54,7 @@ class IdentityCalibrator:
     """c = σ(z): no calibration. Works for any γ; ``fit`` only records the raw ECE."""
 
     name: ClassVar[str] = "identity"
+    positionwise: ClassVar[bool] = True  # c_j reads z_j alone: a prefix calibrates alone
     n_bins: int = field(default=15, validator=positive_int)
     fit_info: FitInfo | None = None
 
@@ -103,6 +104,7 @@ class TemperatureCalibrator:
     """
 
     name: ClassVar[str] = "temperature"
+    positionwise: ClassVar[bool] = True  # c_j reads z_j alone: a prefix calibrates alone
     temperature: float = field(default=1.0, converter=float, validator=positive_finite)
     t_min: float = field(default=0.01, converter=float, validator=positive_finite)
     t_max: float = field(default=100.0, converter=float, validator=positive_finite)

@@ -14,6 +14,10 @@ class Calibrator(Protocol):
 
     ``fit`` takes held-out raw logits [N, γ] and accepted prefix lengths [N] (0..γ); optional
     ``verified`` lengths [N] mark rows whose labels beyond ℓ are unknown (censored).
+
+    Optional: ``positionwise`` True when c_{r,j} reads z_{r,j} alone and ``calibrate`` takes any
+    leading γ' ≤ γ positions, so a prefix of a block's logits calibrates as the whole block would
+    (:func:`dspark.round.schedule_stop`).
     """
 
     name: str

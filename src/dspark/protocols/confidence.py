@@ -19,6 +19,10 @@ class ConfidenceModel(Protocol):
     ``calibrated`` is True when the logits are calibrated as they come (σ(logit) is the per-step
     acceptance probability, as a model fitted by log-loss on held-out rounds gives): the engine then
     refuses a calibrator other than ``identity``, which would calibrate them twice.
+
+    Optional: ``passes_head_logits`` True when the logits are the block's ``confidence_logits`` as
+    the drafter's confidence head gave them, step by step: the round may then end a draft while it
+    is drawn (:func:`dspark.round.schedule_stop`).
     """
 
     name: str

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -47,6 +47,11 @@ class DraftContext:
     generators: Sequence[torch.Generator] | None = field(default=None)
     max_lengths: torch.Tensor | None = field(default=None)  # [R] int64 room left per request
     features: TargetFeatures | None = field(default=None)
+    #: the round's stopping rule (:func:`dspark.round.schedule_stop`), or None: raw confidence logits
+    #: of steps 1..j [R, j] → [R] bool, True where the round's schedule will verify no position ≥ j
+    #: of that request. A drafter that steps its confidence head may then leave x̂_j undrawn and cut
+    #: the request's valid length to j − 1; one that does not may ignore it.
+    stop: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None)
 
     def __attrs_post_init__(self) -> None:
         n = len(self.request_ids)

@@ -20,6 +20,13 @@ class Scheduler(Protocol):
 
     ``lossless`` is True only when the choice is a stopping rule: whether position j is verified
     depends on c_{r,1..j} (hence on x̂_{r,<j}) and on other requests, never on c_{r,j+1..γ}.
+
+    Optional: ``stateless`` True when ``lengths`` reads nothing but its arguments (no clock, no
+    earlier round) and changes nothing: a lossless such scheduler may be asked on a prefix of one
+    request's confidences while the drafter draws, to end the draft where the schedule will
+    (:func:`dspark.round.schedule_stop`). Such a scheduler may also offer ``verifies_last(c [1, j],
+    valid, cost_model) → bool``: at one request of valid length ``valid``, whether position j is
+    verified given c_1..j, faster than ``lengths`` (the rule asks after every step of the head).
     """
 
     name: str

@@ -23,8 +23,8 @@ from dspark.types import DraftBlock
 
 __all__ = ["block_round", "draft_block", "backbone", "padded_draws"]
 
-#: builds a round's per-step logits refiner: (loop, R, dtype) → refiner (see :func:`draft_block`)
-RefinerFactory = Callable[[DraftingLoop, int, torch.dtype], Any]
+#: builds a round's per-step logits refiner: (loop, context, dtype) → refiner (see :func:`draft_block`)
+RefinerFactory = Callable[[DraftingLoop, DraftContext, torch.dtype], Any]
 
 
 def block_round(loop: DraftingLoop, context: DraftContext, feats: list[torch.Tensor]) -> DraftBlock:
@@ -37,11 +37,12 @@ def draft_block(loop: DraftingLoop, context: DraftContext, feats: list[torch.Ten
     """A block drafter's round: ingest new context, one parallel backbone call, γ draws.
 
     ``refiner`` (a kind with per-step logits of its own, DSpark's sequential head) is built once
-    per round as ``refiner(loop, R, dtype)`` and called at each step j as ``refiner(x̂_{j−1} slots
-    [R], h_j [R, d], U_j [R, V_d]) → logits [R, V_d]`` before the draw; its
+    per round as ``refiner(loop, context, dtype)`` and called at each step j as ``refiner(x̂_{j−1}
+    slots [R], h_j [R, d], U_j [R, V_d]) → logits [R, V_d]`` before the draw; its
     ``confidence_logits()`` [R, γ] (or None) go into the block. A refiner may end the drafts early
-    (DSpark's opt-in survival floor): its ``done`` turning true after step j leaves x̂_j on undrawn
-    (:func:`padded_draws`), and its ``cut_lengths(valid)`` gives the block's valid lengths.
+    (DSpark's: the round's ``context.stop``, or the opt-in survival floor): its ``done`` turning
+    true after step j leaves x̂_j on undrawn (:func:`padded_draws`), and its ``cut_lengths(valid)``
+    gives the block's valid lengths.
     """
     s = loop.spec
     R = len(context.request_ids)
@@ -72,14 +73,14 @@ def draft_block(loop: DraftingLoop, context: DraftContext, feats: list[torch.Ten
     t_head = 0.0
     draws = Draws(loop, context)
     prev = to_slots(s.vocab_map, anchors)  # x̂_0 = the anchor, as a draft slot
-    steps = refiner(loop, R, h.dtype) if refiner is not None else None
+    steps = refiner(loop, context, h.dtype) if refiner is not None else None
     for j in range(s.gamma):
         U_j = U[:, j].float()  # [R, V_d]
         if steps is not None:
             t1 = time.perf_counter()
             U_j = steps(prev, h[:, j], U_j)
             t_head += time.perf_counter() - t1
-            if getattr(steps, "done", False):  # every request's draft ended before x̂_j (survival floor)
+            if getattr(steps, "done", False):  # every request's draft ended before x̂_j
                 break
         prev = draws.draw(U_j)
     tokens, q, logits = padded_draws(draws, R, s.gamma, s.vocab_size)  # [R, γ], [R, γ, V], [R, γ, V]

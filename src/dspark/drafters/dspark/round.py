@@ -22,18 +22,22 @@ ENDED_LOGIT = -30.0
 
 class HeadSteps:
     """One round's sequential-head steps through the ``head`` graph: the RNN head's state [R, r]
-    carried between steps, the confidence logits collected."""
+    carried between steps, the confidence logits collected, and where each request's draft ends."""
 
-    def __init__(self, loop: DraftingLoop, R: int, dtype: torch.dtype) -> None:
+    def __init__(self, loop: DraftingLoop, context: DraftContext, dtype: torch.dtype) -> None:
         s = loop.spec
+        R = len(context.request_ids)
         self.loop = loop
         self.state = torch.zeros(R, s.rank, device=loop.device, dtype=dtype) if s.stateful_head else None
         self.conf: list[torch.Tensor] = []
-        # the opt-in survival floor (DraftingLoop.survival_floor): Π σ(confidence logit) of the steps
-        # so far, and where each request's draft ends (γ: not yet)
+        # what may end a request's draft after a step, both read from the confidence logits so far:
+        # the opt-in survival floor (DraftingLoop.survival_floor) on Π σ(confidence logit), and the
+        # round's schedule (DraftContext.stop, dspark.round.schedule_stop)
         self.floor = loop.survival_floor if s.confidence else None
+        self.stop = context.stop if s.confidence else None
+        self.ends = self.floor is not None or self.stop is not None
         self.survival = torch.ones(R)
-        self.cut = torch.full((R,), s.gamma, dtype=torch.long)
+        self.cut = torch.full((R,), s.gamma, dtype=torch.long)  # where each draft ends (γ: not yet)
 
     def __call__(self, prev: torch.Tensor, h_j: torch.Tensor, U_j: torch.Tensor) -> torch.Tensor:
         """x̂_{j−1} slots [R], h_j [R, d], U_j [R, V_d] → Ũ_j [R, V_d]."""
@@ -44,32 +48,38 @@ class HeadSteps:
         step = loop.runner.run("head", inputs)
         if loop.spec.confidence:
             self.conf.append(step["confidence_logit"])  # [R], brought to the CPU with the round
-            if self.floor is not None:
-                self._end_below_floor()
+            if self.ends:
+                self._end_drafts()
         if self.state is not None:
             self.state = step["state_out"]
         return step["logits"]
 
-    def _end_below_floor(self) -> None:
-        """A request's draft ends at step j once its survival through j falls below the floor: a
-        stopping rule (it reads x̂_{j−1} and h_j, never x̂_j), so lossless like any verify length."""
-        j = len(self.conf) - 1
-        self.survival = self.survival * torch.sigmoid(self.conf[-1].float().cpu())
-        ended = (self.cut == self.loop.spec.gamma) & (self.survival < self.floor)
+    def _end_drafts(self) -> None:
+        """A request's draft ends at step j (x̂_j undrawn, j − 1 drafts valid) once its survival
+        falls below the floor, or the round's schedule verifies no position from j on. Both are
+        stopping rules (they read x̂_{<j} and h_j, never x̂_j), so lossless like any verify length."""
+        j = len(self.conf) - 1  # this step, from 0: the drafts before it stay valid
+        ended = torch.zeros_like(self.cut, dtype=torch.bool)
+        if self.floor is not None:
+            self.survival = self.survival * torch.sigmoid(self.conf[-1].float().cpu())
+            ended |= self.survival < self.floor
+        if self.stop is not None:
+            ended |= self.stop(torch.stack(self.conf, 1).float().cpu())  # [R, j + 1] → [R]
+        ended &= self.cut == self.loop.spec.gamma
         self.cut = torch.where(ended, torch.full_like(self.cut, j), self.cut)
 
     @property
     def done(self) -> bool:
-        """Every request's draft has ended (survival floor): the round draws no further token."""
-        return self.floor is not None and bool((self.cut < self.loop.spec.gamma).all())
+        """Every request's draft has ended: the round draws no further token."""
+        return self.ends and bool((self.cut < self.loop.spec.gamma).all())
 
     def cut_lengths(self, valid: torch.Tensor) -> torch.Tensor:
-        """The valid lengths [R], cut where the survival floor ended each request's draft."""
-        return valid if self.floor is None else torch.minimum(valid, self.cut)
+        """The valid lengths [R], cut where each request's draft ended."""
+        return torch.minimum(valid, self.cut) if self.ends else valid
 
     def confidence_logits(self) -> torch.Tensor | None:
-        """[R, γ] on the CPU, None without a confidence head; the steps a survival floor left out
-        hold :data:`ENDED_LOGIT` (beyond every valid length)."""
+        """[R, γ] on the CPU, None without a confidence head; the steps left out after every draft
+        ended hold :data:`ENDED_LOGIT` (beyond every valid length)."""
         if not self.conf:
             return None
         z = torch.stack(self.conf, 1).float().cpu()

@@ -1,0 +1,249 @@
+"""The round's stopping rule (dspark.round.schedule_stop): the sequential head stops stepping where
+the round's schedule ends the draft.
+
+* the oracle is the scheduler itself on the whole block: after every step j, the rule says "stop"
+  exactly where the whole block's ℓ < j (random confidences, every built-in lossless scheduler,
+  the positionwise calibrators);
+* no rule where it would not be exact: several requests, a scheduler that keeps state or reads the
+  clock, a lossy one, a confidence model or calibrator that does not declare what the rule needs;
+* the drafter: a block drafted with the rule has the whole block's ℓ as its valid length, equals
+  the block without the rule up to there, and steps its head fewer times; the engine at one
+  request stays greedy-identical to the target's own decode and keeps the sampled law (χ²).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import attrs
+import pytest
+import torch
+
+import dspark
+from dspark.calibration import IdentityCalibrator, STSCalibrator, TemperatureCalibrator
+from dspark.confidence import DraftHeadConfidence, MaxProbConfidence
+from dspark.engine import Engine
+from dspark.fast import FastTarget
+from dspark.protocols.drafter import DraftContext
+from dspark.round import schedule_stop
+from dspark.types import SamplingParams
+from helpers import (
+    TickClock,
+    assert_same_distribution,
+    exact_two_token_probs,
+    greedy_decode,
+    sequence_counts,
+    tiny_causal_lm,
+)
+from test_fast_step import PROMPTS, V
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+G = 6  # γ of the rule's oracle test
+#: a step that costs more with every verified token, t(B) = 1 + 0.3 (B − 1) s: sps-greedy stops
+SLOPED = dspark.get_cost_model("sps-table", profile={
+    "device": "test", "model": "tiny", "dtype": "float32", "date": "2026-12-06", "accounting": "packed",
+    "points": [{"batch_size": 1, "step_seconds": 1.0}, {"batch_size": 33, "step_seconds": 10.6}]})
+
+class _HalfScheduler:
+    """A plugin's lossless, stateless scheduler without ``verifies_last`` whose answer reads the
+    valid length: verify the first half of every draft (docs/plugins.md)."""
+
+    name = "half"
+    lossless = True
+    stateless = True
+
+    def lengths(self, c, valid, cost_model=None):
+        return valid // 2
+
+
+class _UntilLowScheduler(_HalfScheduler):
+    """Another, reading the confidences: verify while c_j ≥ 0.4."""
+
+    def lengths(self, c, valid, cost_model=None):
+        keep = (c >= 0.4) & (torch.arange(c.shape[1])[None, :] < valid[:, None])
+        return torch.cumprod(keep.long(), 1).sum(1)
+
+
+SCHEDULERS = [("full", {}), ("fixed", {"k": 2}), ("threshold", {"threshold": 0.6}),
+              ("threshold", {"threshold": 0.3, "mode": "survival"}), ("sps-greedy", {}),
+              ("plugin: half", _HalfScheduler()), ("plugin: until low", _UntilLowScheduler())]
+CALIBRATORS = [IdentityCalibrator(), TemperatureCalibrator(temperature=0.7),
+               STSCalibrator(temperatures=(0.8, 1.3, 0.5, 2.0, 1.1, 0.9))]
+
+
+def _context(room: int | None = None) -> DraftContext:
+    """One request's round with ``room`` for drafts (None: γ)."""
+    return DraftContext(["r0"], [torch.tensor([3, 5])], [SamplingParams.greedy()],
+                        max_lengths=None if room is None else torch.tensor([room]))
+
+
+@pytest.mark.parametrize("room", [None, 3])
+@pytest.mark.parametrize("sched,kwargs", SCHEDULERS, ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("calibrator", CALIBRATORS, ids=lambda c: c.name)
+def test_the_rule_stops_exactly_where_the_whole_blocks_schedule_ends(sched, kwargs, calibrator, room):
+    scheduler = kwargs if not isinstance(kwargs, dict) else dspark.get_scheduler(sched, **kwargs)
+    valid = G if room is None else min(G, room)
+    stop = schedule_stop(_context(room), G, DraftHeadConfidence(), calibrator, scheduler, SLOPED)
+    assert stop is not None
+    gen = torch.Generator().manual_seed(0)
+    lengths = []
+    for _ in range(200):
+        z = torch.randn(1, G, generator=gen) * 2 + 1  # raw confidence logits of a whole block
+        ell = int(scheduler.lengths(calibrator.calibrate(z), torch.tensor([valid]), SLOPED)[0])
+        for j in range(1, G + 1):  # after step j the drafter holds z_1..z_j only
+            assert bool(stop(z[:, :j])[0]) == (ell < j), f"{sched}: step {j}, whole block ℓ = {ell}"
+        lengths.append(ell)
+    if sched in ("full", "plugin: half"):
+        assert set(lengths) == {valid if sched == "full" else valid // 2}
+    else:
+        assert min(lengths) < valid and max(lengths) > 0  # the rule stopped some drafts, not all at once
+
+
+class _WholeBlockCalibrator:
+    """A calibrator that does not declare ``positionwise``."""
+
+    name = "whole-block"
+
+    def calibrate(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(z - z.mean(1, keepdim=True))
+
+
+class _UndeclaredScheduler:
+    """A lossless scheduler that does not declare ``stateless``."""
+
+    name = "undeclared"
+    lossless = True
+
+    def lengths(self, c, valid, cost_model=None):
+        return valid
+
+
+def test_no_rule_where_it_would_not_be_exact():
+    head, identity, sps = DraftHeadConfidence(), IdentityCalibrator(), dspark.get_scheduler("sps-greedy")
+    one, two = _context(), DraftContext(["a", "b"], [torch.tensor([3]), torch.tensor([5])],
+                                        [SamplingParams.greedy()] * 2)
+    assert schedule_stop(one, G, head, identity, sps, SLOPED) is not None
+    assert schedule_stop(two, G, head, identity, sps, SLOPED) is None  # batch-global: the others weigh in
+    assert schedule_stop(one, G, head, identity, dspark.get_scheduler("sps-greedy", lag=1), SLOPED) is None
+    assert schedule_stop(one, G, head, identity, dspark.get_scheduler("sps-greedy", sunk=True), SLOPED) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lossy = dspark.get_scheduler("sps-argmax")
+    assert schedule_stop(one, G, head, identity, lossy, SLOPED) is None
+    assert schedule_stop(one, G, head, identity, _UndeclaredScheduler(), SLOPED) is None
+    assert schedule_stop(one, G, MaxProbConfidence(), identity, sps, SLOPED) is None
+    assert schedule_stop(one, G, head, _WholeBlockCalibrator(), sps, SLOPED) is None
+    assert schedule_stop(one, G, head, identity, None, SLOPED) is None
+
+
+# -- the drafter and the engine ---------------------------------------------------------------
+
+
+def _model():
+    return tiny_causal_lm("llama", vocab_size=V, max_positions=96, num_layers=3, init_range=0.3)
+
+
+def _confident_drafter(target):
+    """A tiny DSpark drafter with a gated-Markov head and a confidence head (random weights: its
+    confidences sit near σ(0), so sps-greedy on SLOPED verifies one or two drafts)."""
+    torch.manual_seed(1)
+    d = dspark.get_drafter("dspark", target=target, gamma=4, num_layers=2, head="gated-markov", rank=8,
+                           confidence=True)
+    for p in d.parameters():
+        if p.ndim > 1:
+            torch.nn.init.normal_(p, std=0.2)
+    return d
+
+
+def _one_request_contexts(target, drafter):
+    """The DraftContexts an engine hands the drafter, one request at a time (recorded)."""
+    seen = []
+    inner = drafter.draft
+
+    def spy(context):
+        seen.append(context)
+        return inner(context)
+
+    drafter.draft = spy
+    engine = Engine(target, drafter, scheduler="full", cost_model=SLOPED, clock=TickClock())
+    for p in PROMPTS:
+        engine.generate([torch.tensor(p)], SamplingParams.greedy(), max_new_tokens=12, progress=False)
+    del drafter.draft
+    return seen
+
+
+def _count_head_steps(drafter) -> list[int]:
+    calls = [0]
+    runner = drafter.loop.runner
+    inner = runner.run
+
+    def counted(graph, inputs):
+        calls[0] += graph == "head"
+        return inner(graph, inputs)
+
+    runner.run = counted
+    return calls
+
+
+def test_a_draft_with_the_rule_ends_where_the_schedule_does():
+    """Replayed one-request contexts through the drafter without and with the sps-greedy rule."""
+    target = FastTarget(_model(), path="packed")
+    contexts = _one_request_contexts(target, _confident_drafter(target))
+    whole, stopped = _confident_drafter(target), _confident_drafter(target)
+    whole_steps, stopped_steps = _count_head_steps(whole), _count_head_steps(stopped)
+    scheduler, calibrator = dspark.get_scheduler("sps-greedy"), IdentityCalibrator()
+    cut = 0
+    for context in contexts:
+        rule = schedule_stop(context, whole.gamma, DraftHeadConfidence(), calibrator, scheduler, SLOPED)
+        a, b = whole.draft(context), stopped.draft(attrs.evolve(context, stop=rule))
+        ell = scheduler.lengths(calibrator.calibrate(a.confidence_logits), a.valid_lengths, SLOPED)
+        assert torch.equal(b.valid_lengths, ell)  # the draft ends where the whole block's schedule does
+        assert torch.equal(scheduler.lengths(calibrator.calibrate(b.confidence_logits), b.valid_lengths,
+                                             SLOPED), ell)
+        n = int(ell[0])
+        assert torch.equal(b.tokens[:, :n], a.tokens[:, :n])
+        torch.testing.assert_close(b.draft_logits[:, :n], a.draft_logits[:, :n])
+        torch.testing.assert_close(b.confidence_logits[:, :n], a.confidence_logits[:, :n])
+        cut += int(n < a.valid_lengths[0])
+    assert cut > 0 and stopped_steps[0] < whole_steps[0]  # the rule ended drafts and saved head steps
+
+
+def test_the_engine_at_one_request_with_the_rule_is_greedy_identical():
+    model = _model()
+    target = FastTarget(model, path="packed")
+    drafter = _confident_drafter(target)
+    blocks = []
+    inner = drafter.draft
+
+    def spy(context):
+        block = inner(context)
+        blocks.append((context.stop is not None, int(block.valid_lengths[0]), int(context.max_lengths[0])))
+        return block
+
+    drafter.draft = spy
+    engine = Engine(target, drafter, scheduler="sps-greedy", cost_model=SLOPED, clock=TickClock())
+    accepted = 0
+    for p in PROMPTS:
+        (done,) = engine.generate([torch.tensor(p)], SamplingParams.greedy(), max_new_tokens=20, progress=False)
+        assert done.output_ids == greedy_decode(model, torch.tensor(p), 20)
+        accepted += done.metrics["accepted"]
+    assert accepted > 0
+    assert all(has_rule for has_rule, _n, _room in blocks)
+    assert any(n < min(4, room) for _r, n, room in blocks)  # drafts ended early
+
+
+def test_sampling_at_one_request_with_the_rule_matches_the_target():
+    """The rule is a stopping rule: the first two sampled tokens keep the target's joint law (T = 1,
+    χ², fixed seeds; the oracle never runs the drafter), one request at a time."""
+    model = _model()
+    target = FastTarget(model, path="packed")
+    drafter = _confident_drafter(target)
+    params = SamplingParams(temperature=1.0)
+    engine = Engine(target, drafter, scheduler="sps-greedy", cost_model=SLOPED, seed=11, clock=TickClock())
+    prompt = torch.tensor([7, 13, 11, 7, 13, 11, 7, 13])
+    out = [engine.generate([prompt], params, max_new_tokens=3, progress=False)[0] for _ in range(1500)]
+    tokens = torch.tensor([c.output_ids[:2] for c in out])
+    assert_same_distribution(sequence_counts(tokens, V), exact_two_token_probs(model, prompt, params),
+                             "schedule stop / T1", exact_support=False)
+    assert sum(c.metrics["accepted"] for c in out) > 0
