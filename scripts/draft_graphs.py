@@ -17,7 +17,7 @@ import time
 import torch
 
 import dspark
-from dspark.drafters.loop import TorchRunner
+from dspark.drafters.loop import GraphCalls, TorchRunner
 from dspark.fast.compile import compile_step
 from dspark.types import SamplingParams
 
@@ -49,17 +49,9 @@ def main() -> None:
     target = dspark.load_target(args.target, getattr(torch, args.dtype))
     drafter = dspark.from_pretrained(args.drafter, target=target)
     engine = dspark.Engine(target, drafter, scheduler="sps-greedy")
-    seen: dict[str, dict[str, torch.Tensor]] = {}
-    runner = drafter.loop.runner
-    inner = runner.run
-
-    def record(graph, inputs):
-        seen[graph] = {k: v.clone() for k, v in inputs.items()}  # the last round's inputs
-        return inner(graph, inputs)
-
-    runner.run = record
-    engine.generate([args.prompt], SamplingParams.greedy(), max_new_tokens=16, progress=False)
-    runner.run = inner
+    with GraphCalls(drafter.loop.runner, keep_inputs=True) as calls:  # the last round's inputs
+        engine.generate([args.prompt], SamplingParams.greedy(), max_new_tokens=16, progress=False)
+    seen = calls.inputs
     graphs = {g.name: g.module for g in drafter.graph_specs(drafter, live=True)}
     for name, inputs in seen.items():
         shapes = {k: tuple(v.shape) for k, v in inputs.items()}

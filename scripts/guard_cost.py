@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import dspark
     from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
+    from dspark.drafters.loop import GraphCalls
     from dspark.drafters.vocab_cut import raceable_cut
     from dspark.engine import Engine
     from dspark.fast.compile import compile_step
@@ -89,17 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     # the draft graphs on the inputs of a real round (scripts/draft_graphs.py records them the same way)
     cut, _ = raceable_cut(resolve_checkpoint(DEFAULT_DRAFTER))
     drafter = dspark.from_pretrained(DEFAULT_DRAFTER, target=target, draft_vocab=cut.draft_vocab if cut else None)
-    seen: dict[str, dict[str, torch.Tensor]] = {}
-    inner = drafter.loop.runner.run
-
-    def record(graph, inputs):
-        seen[graph] = {k: v.clone() for k, v in inputs.items()}
-        return inner(graph, inputs)
-
-    drafter.loop.runner.run = record
-    Engine(target, drafter, scheduler=dspark.get_scheduler("fixed", k=drafter.gamma), cost_model=None).generate(
-        ["Explain the water cycle briefly."], SamplingParams.greedy(), max_new_tokens=16, progress=False)
-    drafter.loop.runner.run = inner
+    with GraphCalls(drafter.loop.runner, keep_inputs=True) as calls:
+        Engine(target, drafter, scheduler=dspark.get_scheduler("fixed", k=drafter.gamma), cost_model=None).generate(
+            ["Explain the water cycle briefly."], SamplingParams.greedy(), max_new_tokens=16, progress=False)
+    seen = calls.inputs
     modules = {g.name: g.module for g in drafter.graph_specs(drafter, live=True)}
     for name in ("context", "backbone"):
         graphs[f"draft {name}"] = (modules[name], lambda fn, x=seen[name]: (lambda: fn(**x)))

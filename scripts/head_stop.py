@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     import dspark.round
     from dspark.autotune import measure_profile, profile_cost_model
     from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
+    from dspark.drafters.loop import GraphCalls
     from dspark.drafters.vocab_cut import raceable_cut
     from dspark.engine import Engine, encode_prompt
     from dspark.evaluation.drafter_specs import calibrator_beside
@@ -64,31 +65,21 @@ def main(argv: list[str] | None = None) -> int:
     cost = profile_cost_model(profile, dtype="bfloat16", model="smollm2-135m", device=device_name(None))
     log.info("verification profile: %s", ", ".join(f"q={q}: {s * 1e3:.1f} ms" for q, s in profile.items()))
 
-    runner = drafter.loop.runner
-    inner = runner.run
-    head_steps = [0]
-
-    def counted(graph, inputs):
-        head_steps[0] += graph == "head"
-        return inner(graph, inputs)
-
     real_rule = dspark.round.schedule_stop
 
     def one_pass(spec: str, rule: bool, tokens: int) -> dict:
         name, kwargs = SCHEDULERS[spec]
         engine = Engine(target, drafter, scheduler=dspark.get_scheduler(name, **kwargs), cost_model=cost,
                         calibrator=calibrator, confidence_model="draft-head")
-        head_steps[0] = 0
-        runner.run = counted
         dspark.round.schedule_stop = real_rule if rule else (lambda *a, **k: None)
         outputs = []
         t0 = time.perf_counter()
         try:
-            for x in ids:
-                (done,) = engine.generate([x], SamplingParams.greedy(), max_new_tokens=tokens, progress=False)
-                outputs.append(done.output_ids)
+            with GraphCalls(drafter.loop.runner) as calls:
+                for x in ids:
+                    (done,) = engine.generate([x], SamplingParams.greedy(), max_new_tokens=tokens, progress=False)
+                    outputs.append(done.output_ids)
         finally:
-            runner.run = inner
             dspark.round.schedule_stop = real_rule
         wall = time.perf_counter() - t0
         n = engine.rounds
@@ -97,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ms_per_round": 1e3 * wall / n, "ms_per_token": 1e3 * wall / committed,
                 "draft_ms": 1e3 * engine.timings["draft"] / n,
                 "sequential_head_ms": 1e3 * engine.timings["sequential_head"] / n,
-                "head_steps_per_round": head_steps[0] / n, "outputs": outputs}
+                "head_steps_per_round": calls.count("head") / n, "outputs": outputs}
 
     t0 = time.perf_counter()
     for spec in SCHEDULERS:

@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import dspark
     from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
+    from dspark.drafters.loop import GraphCalls
     from dspark.drafters.vocab_cut import raceable_cut
     from dspark.engine import Engine
     from dspark.fast.drafter import use_draft_runner
@@ -56,30 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     runner_name = use_draft_runner(drafter, "compiled")
     if max(lengths) > drafter.gamma:
         p.error(f"--lengths: at most γ = {drafter.gamma}")
-    runner = drafter.loop.runner
-    inner = runner.run
-    calls: dict[str, list[float]] = {}
-
-    def timed(graph, inputs):
-        t0 = time.perf_counter()
-        out = inner(graph, inputs)
-        calls.setdefault(graph, []).append(time.perf_counter() - t0)
-        return out
-
     def one_pass(k: int, tokens: int) -> dict:
         engine = (Engine(target, drafter, scheduler=dspark.get_scheduler("fixed", k=k), cost_model=None) if k
                   else Engine(target, None, cost_model=None))
-        calls.clear()
-        runner.run = timed
-        try:
+        with GraphCalls(drafter.loop.runner) as calls:
             for prompt in PROMPTS:
                 engine.generate([prompt], SamplingParams.greedy(), max_new_tokens=tokens, progress=False)
-        finally:
-            runner.run = inner
         n = engine.rounds
         return {"k": k, "rounds": n, **{f"{key}_ms": 1e3 * v / n for key, v in engine.timings.items()},
                 "graphs": {g: {"median_ms": 1e3 * statistics.median(v), "per_round": len(v) / n}
-                           for g, v in calls.items()}}
+                           for g, v in calls.seconds.items()}}
 
     t0 = time.perf_counter()
     for k in lengths:  # compiles every graph these lengths meet

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import dspark
-from dspark.drafters.loop import TorchRunner
+from dspark.drafters.loop import GraphCalls, TorchRunner
 from dspark.engine import Engine
 from dspark.export.live import LiveOrtRunner
 from dspark.fast import FastTarget
@@ -396,3 +396,23 @@ def test_sampling_with_a_survival_floor_matches_the_target():
     drafter = _ort_drafter(target, "dspark:gated-markov+confidence")
     drafter.loop.survival_floor = FLOOR
     _assert_sampling_keeps_the_target_law(model, target, drafter, "full", "survival floor / T1")
+
+
+def test_graph_calls_watch_a_runner_and_give_it_back():
+    """GraphCalls (what the benchmarks watch a round with): one entry per graph call, the inputs
+    cloned, a watch inside another, and the runner's own run back on exit."""
+    target = FastTarget(_model(), path="packed")
+    drafter = _ort_drafter(target, "dspark:gated-markov+confidence")
+    context = _contexts(target, _ort_drafter(target, "dspark:gated-markov+confidence"))[0]
+    runner = drafter.loop.runner
+    with GraphCalls(runner, keep_inputs=True) as outer:
+        with GraphCalls(runner) as inner:
+            drafter.draft(context)
+        assert "run" in vars(runner)  # the outer watch is back
+    assert "run" not in vars(runner)  # the class's own run is back
+    assert inner.count("backbone") == outer.count("backbone") == 1
+    assert inner.count("head") == outer.count("head") == drafter.gamma
+    assert inner.inputs == {} and set(outer.inputs) == {"context", "backbone", "head"}
+    anchors = outer.inputs["backbone"]["anchor_ids"]
+    assert torch.equal(anchors, torch.stack([ids[-1] for ids in context.token_ids]))
+    assert all(s > 0 for s in outer.seconds["backbone"])

@@ -22,6 +22,7 @@ import torch
 import dspark
 from dspark.calibration import IdentityCalibrator, STSCalibrator, TemperatureCalibrator
 from dspark.confidence import DraftHeadConfidence, MaxProbConfidence
+from dspark.drafters.loop import GraphCalls
 from dspark.engine import Engine
 from dspark.fast import FastTarget
 from dspark.protocols.drafter import DraftContext
@@ -157,7 +158,8 @@ def _confident_drafter(target):
 
 
 def _one_request_contexts(target, drafter):
-    """The DraftContexts an engine hands the drafter, one request at a time (recorded)."""
+    """The DraftContexts an engine hands the drafter, one request at a time (recorded; each holds
+    the recording engine's own rule, for the ``full`` scheduler)."""
     seen = []
     inner = drafter.draft
 
@@ -173,30 +175,17 @@ def _one_request_contexts(target, drafter):
     return seen
 
 
-def _count_head_steps(drafter) -> list[int]:
-    calls = [0]
-    runner = drafter.loop.runner
-    inner = runner.run
-
-    def counted(graph, inputs):
-        calls[0] += graph == "head"
-        return inner(graph, inputs)
-
-    runner.run = counted
-    return calls
-
-
 def test_a_draft_with_the_rule_ends_where_the_schedule_does():
     """Replayed one-request contexts through the drafter without and with the sps-greedy rule."""
     target = FastTarget(_model(), path="packed")
     contexts = _one_request_contexts(target, _confident_drafter(target))
     whole, stopped = _confident_drafter(target), _confident_drafter(target)
-    whole_steps, stopped_steps = _count_head_steps(whole), _count_head_steps(stopped)
     scheduler, calibrator = dspark.get_scheduler("sps-greedy"), IdentityCalibrator()
     cut = 0
-    for context in contexts:
-        rule = schedule_stop(context, whole.gamma, DraftHeadConfidence(), calibrator, scheduler, SLOPED)
-        a, b = whole.draft(context), stopped.draft(attrs.evolve(context, stop=rule))
+    with GraphCalls(whole.loop.runner) as whole_calls, GraphCalls(stopped.loop.runner) as stopped_calls:
+        blocks = [(whole.draft(attrs.evolve(context, stop=None)), stopped.draft(attrs.evolve(context, stop=schedule_stop(
+            context, whole.gamma, DraftHeadConfidence(), calibrator, scheduler, SLOPED)))) for context in contexts]
+    for a, b in blocks:
         ell = scheduler.lengths(calibrator.calibrate(a.confidence_logits), a.valid_lengths, SLOPED)
         assert torch.equal(b.valid_lengths, ell)  # the draft ends where the whole block's schedule does
         assert torch.equal(scheduler.lengths(calibrator.calibrate(b.confidence_logits), b.valid_lengths,
@@ -206,7 +195,8 @@ def test_a_draft_with_the_rule_ends_where_the_schedule_does():
         torch.testing.assert_close(b.draft_logits[:, :n], a.draft_logits[:, :n])
         torch.testing.assert_close(b.confidence_logits[:, :n], a.confidence_logits[:, :n])
         cut += int(n < a.valid_lengths[0])
-    assert cut > 0 and stopped_steps[0] < whole_steps[0]  # the rule ended drafts and saved head steps
+    assert cut > 0 and stopped_calls.count("head") < whole_calls.count("head")  # drafts ended, head steps saved
+    assert whole_calls.count("head") == whole.gamma * len(contexts)
 
 
 def test_the_engine_at_one_request_with_the_rule_is_greedy_identical():

@@ -32,6 +32,7 @@ draws every round makes.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -43,7 +44,7 @@ from dspark.drafters.vocab import DraftVocab, to_target_space
 from dspark.protocols.drafter import DraftContext
 from dspark.types import DraftBlock
 
-__all__ = ["GraphRunner", "TorchRunner", "LoopSpec", "KVStore", "DraftingLoop", "RoundFn"]
+__all__ = ["GraphRunner", "TorchRunner", "GraphCalls", "LoopSpec", "KVStore", "DraftingLoop", "RoundFn"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,48 @@ class TorchRunner:
         from dspark.fast.compile import compile_step
 
         return compile_step(module, self.device)
+
+
+class GraphCalls:
+    """A runner's graph calls while inside ``with GraphCalls(runner) as calls:``, as benchmarks
+    watch a real round: the seconds of each call by graph (``seconds[graph]``) and, with
+    ``keep_inputs``, the last inputs of each graph, cloned (``inputs[graph]``: what a benchmark
+    replays). The runner's own ``run`` is back on exit."""
+
+    def __init__(self, runner: GraphRunner, keep_inputs: bool = False) -> None:
+        self.runner = runner
+        self.keep_inputs = keep_inputs
+        self.seconds: dict[str, list[float]] = {}
+        self.inputs: dict[str, dict[str, torch.Tensor]] = {}
+
+    def count(self, graph: str) -> int:
+        """Calls of ``graph`` so far."""
+        return len(self.seconds.get(graph, ()))
+
+    def clear(self) -> None:
+        self.seconds.clear()
+        self.inputs.clear()
+
+    def __enter__(self) -> GraphCalls:
+        inner = self.runner.run
+
+        def run(graph: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            if self.keep_inputs:
+                self.inputs[graph] = {k: v.clone() for k, v in inputs.items()}
+            t0 = time.perf_counter()
+            out = inner(graph, inputs)
+            self.seconds.setdefault(graph, []).append(time.perf_counter() - t0)
+            return out
+
+        self._own = vars(self.runner).get("run")  # a run of the instance's own (another watch), or None
+        self.runner.run = run  # an instance attribute over the class's method
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._own is not None:
+            self.runner.run = self._own
+        else:
+            del self.runner.run
 
 
 @attrs.frozen

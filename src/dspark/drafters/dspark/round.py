@@ -37,7 +37,9 @@ class HeadSteps:
         self.stop = context.stop if s.confidence else None
         self.ends = self.floor is not None or self.stop is not None
         self.survival = torch.ones(R)
-        self.cut = torch.full((R,), s.gamma, dtype=torch.long)  # where each draft ends (γ: not yet)
+        # where each draft ends (γ: not yet); a list, as the few small tensor ops a step would
+        # otherwise add cost as much as the head step they save
+        self.cut = [s.gamma] * R
 
     def __call__(self, prev: torch.Tensor, h_j: torch.Tensor, U_j: torch.Tensor) -> torch.Tensor:
         """x̂_{j−1} slots [R], h_j [R, d], U_j [R, V_d] → Ũ_j [R, V_d]."""
@@ -58,24 +60,24 @@ class HeadSteps:
         """A request's draft ends at step j (x̂_j undrawn, j − 1 drafts valid) once its survival
         falls below the floor, or the round's schedule verifies no position from j on. Both are
         stopping rules (they read x̂_{<j} and h_j, never x̂_j), so lossless like any verify length."""
-        j = len(self.conf) - 1  # this step, from 0: the drafts before it stay valid
-        ended = torch.zeros_like(self.cut, dtype=torch.bool)
+        j, gamma = len(self.conf) - 1, self.loop.spec.gamma  # this step, from 0: the drafts before it stay valid
+        ended = [False] * len(self.cut)
         if self.floor is not None:
             self.survival = self.survival * torch.sigmoid(self.conf[-1].float().cpu())
-            ended |= self.survival < self.floor
+            ended = (self.survival < self.floor).tolist()
         if self.stop is not None:
-            ended |= self.stop(torch.stack(self.conf, 1).float().cpu())  # [R, j + 1] → [R]
-        ended &= self.cut == self.loop.spec.gamma
-        self.cut = torch.where(ended, torch.full_like(self.cut, j), self.cut)
+            stopped = self.stop(torch.stack(self.conf, 1).float().cpu()).tolist()  # [R, j + 1] → [R]
+            ended = [e or s for e, s in zip(ended, stopped)]
+        self.cut = [j if e and c == gamma else c for e, c in zip(ended, self.cut)]
 
     @property
     def done(self) -> bool:
         """Every request's draft has ended: the round draws no further token."""
-        return self.ends and bool((self.cut < self.loop.spec.gamma).all())
+        return self.ends and all(c < self.loop.spec.gamma for c in self.cut)
 
     def cut_lengths(self, valid: torch.Tensor) -> torch.Tensor:
         """The valid lengths [R], cut where each request's draft ended."""
-        return torch.minimum(valid, self.cut) if self.ends else valid
+        return torch.minimum(valid, torch.tensor(self.cut)) if self.ends else valid
 
     def confidence_logits(self) -> torch.Tensor | None:
         """[R, γ] on the CPU, None without a confidence head; the steps left out after every draft
