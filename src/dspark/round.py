@@ -173,9 +173,9 @@ def schedule_stop(
 
     def stop(z: torch.Tensor) -> torch.Tensor:
         j = z.shape[1]
-        c = calibrator.calibrate(z)  # [1, j]
-        if j > valid:
+        if j > valid:  # beyond the room left: never verified
             return torch.tensor([True])
+        c = calibrator.calibrate(z)  # [1, j]
         if verifies_last is not None:
             return torch.tensor([not verifies_last(c, valid, cost_model)])
         unknown = c.new_zeros(1, gamma - j)  # c_{j+1..γ}: a stopping rule's decision on j never reads them
