@@ -52,8 +52,10 @@ def _model():
     return tiny_causal_lm("llama", vocab_size=V, max_positions=96, num_layers=3, init_range=0.3)
 
 
-def _contexts(target, drafter):
-    """The DraftContexts an engine hands the drafter over a run with a late join (recorded)."""
+def _contexts(target, drafter, one_at_a_time: bool = False):
+    """The DraftContexts an engine hands the drafter over a run with a late join, or over the
+    prompts one request at a time (recorded; a one-request context holds the engine's stopping
+    rule for the ``full`` scheduler, dspark.round.schedule_stop)."""
     seen = []
     inner = drafter.draft
 
@@ -63,7 +65,11 @@ def _contexts(target, drafter):
 
     drafter.draft = spy
     engine = Engine(target, drafter, scheduler=dspark.get_scheduler("full"), cost_model=FLAT, clock=TickClock())
-    run_with_late_join(engine, [torch.tensor(p) for p in PROMPTS], 12)
+    if one_at_a_time:
+        for p in PROMPTS:
+            engine.generate([torch.tensor(p)], SamplingParams.greedy(), max_new_tokens=12, progress=False)
+    else:
+        run_with_late_join(engine, [torch.tensor(p) for p in PROMPTS], 12)
     del drafter.draft
     return seen
 

@@ -34,8 +34,8 @@ from helpers import (
     exact_two_token_probs,
     greedy_decode,
     sequence_counts,
-    tiny_causal_lm,
 )
+from test_fast_drafter import _contexts, _model, _ort_drafter
 from test_fast_step import PROMPTS, V
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -141,44 +141,16 @@ def test_no_rule_where_it_would_not_be_exact():
 # -- the drafter and the engine ---------------------------------------------------------------
 
 
-def _model():
-    return tiny_causal_lm("llama", vocab_size=V, max_positions=96, num_layers=3, init_range=0.3)
-
-
 def _confident_drafter(target):
     """A tiny DSpark drafter with a gated-Markov head and a confidence head (random weights: its
     confidences sit near σ(0), so sps-greedy on SLOPED verifies one or two drafts)."""
-    torch.manual_seed(1)
-    d = dspark.get_drafter("dspark", target=target, gamma=4, num_layers=2, head="gated-markov", rank=8,
-                           confidence=True)
-    for p in d.parameters():
-        if p.ndim > 1:
-            torch.nn.init.normal_(p, std=0.2)
-    return d
-
-
-def _one_request_contexts(target, drafter):
-    """The DraftContexts an engine hands the drafter, one request at a time (recorded; each holds
-    the recording engine's own rule, for the ``full`` scheduler)."""
-    seen = []
-    inner = drafter.draft
-
-    def spy(context):
-        seen.append(context)
-        return inner(context)
-
-    drafter.draft = spy
-    engine = Engine(target, drafter, scheduler="full", cost_model=SLOPED, clock=TickClock())
-    for p in PROMPTS:
-        engine.generate([torch.tensor(p)], SamplingParams.greedy(), max_new_tokens=12, progress=False)
-    del drafter.draft
-    return seen
+    return _ort_drafter(target, "dspark:gated-markov+confidence")
 
 
 def test_a_draft_with_the_rule_ends_where_the_schedule_does():
     """Replayed one-request contexts through the drafter without and with the sps-greedy rule."""
     target = FastTarget(_model(), path="packed")
-    contexts = _one_request_contexts(target, _confident_drafter(target))
+    contexts = _contexts(target, _confident_drafter(target), one_at_a_time=True)
     whole, stopped = _confident_drafter(target), _confident_drafter(target)
     scheduler, calibrator = dspark.get_scheduler("sps-greedy"), IdentityCalibrator()
     cut = 0
