@@ -53,10 +53,10 @@ def main() -> None:
         engine.generate([args.prompt], SamplingParams.greedy(), max_new_tokens=16, progress=False)
     seen = calls.inputs
     graphs = {g.name: g.module for g in drafter.graph_specs(drafter, live=True)}
+    device = next(drafter.parameters()).device
     for name, inputs in seen.items():
         shapes = {k: tuple(v.shape) for k, v in inputs.items()}
         line = f"{name:9s} eager {median_ms(graphs[name], inputs, args.repeats):7.2f} ms"
-        device = next(drafter.parameters()).device
         if args.compile and device.type == "cpu" and name in TorchRunner.EAGER_ON_CPU:
             line += "   (the compiled runner keeps it eager on a CPU)"
         elif args.compile:

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     graphs = {"target step (q = 1)": (step, lambda fn: (lambda: fn(*step_args)))}
 
-    # the draft graphs on the inputs of a real round (scripts/draft_graphs.py records them the same way)
+    # the draft graphs on the inputs of a real round, as scripts/draft_graphs.py records them
     cut, _ = raceable_cut(resolve_checkpoint(DEFAULT_DRAFTER))
     drafter = dspark.from_pretrained(DEFAULT_DRAFTER, target=target, draft_vocab=cut.draft_vocab if cut else None)
     with GraphCalls(drafter.loop.runner, keep_inputs=True) as calls:

@@ -20,6 +20,7 @@ import attrs
 import torch
 from attrs import frozen
 
+from dspark.drafters.draws import draft_lengths
 from dspark.protocols import (
     Calibrator,
     ConfidenceModel,
@@ -167,8 +168,7 @@ def schedule_stop(
             and getattr(confidence_model, "passes_head_logits", False)
             and getattr(calibrator, "positionwise", False)):
         return None
-    room = gamma if context.max_lengths is None else int(context.max_lengths[0])
-    valid = max(0, min(gamma, room))  # the block's valid length (dspark.drafters.draws.draft_lengths)
+    valid = int(draft_lengths(context, 1, gamma)[0])  # the block's valid length: γ cut to the room left
     verifies_last = getattr(scheduler, "verifies_last", None)
 
     def stop(z: torch.Tensor) -> torch.Tensor:
