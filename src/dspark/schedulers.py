@@ -199,6 +199,13 @@ def _admission_curve(
     return order, tau, B, theta
 
 
+def _admitted_before_first_non_rise(theta: np.ndarray) -> int:
+    """K: how many candidates SPS-greedy admits along an admission curve Θ [Rγ+1] — every one
+    that raised Θ, up to (not including) the first that did not."""
+    rises = theta[1:] > theta[:-1]  # [Rγ]
+    return int(np.argmin(rises)) if not rises.all() else rises.size
+
+
 def _lengths_from_admitted(order: np.ndarray, K: int, R: int, gamma: int) -> torch.Tensor:
     return torch.from_numpy(np.bincount(order[:K] // gamma, minlength=R).astype(np.int64))  # [R]
 
@@ -216,8 +223,7 @@ def sps_greedy_lengths(
     R, gamma = confidence.shape
     a = survival(confidence, valid_lengths)  # [R, γ]
     order, tau, B, theta = _admission_curve(a.double().numpy(), valid_lengths.numpy(), cost_model)
-    rises = theta[1:] > theta[:-1]  # [Rγ]
-    K = int(np.argmin(rises)) if not rises.all() else rises.size  # admitted before first non-rise
+    K = _admitted_before_first_non_rise(theta)
     lengths = _lengths_from_admitted(order, K, R, gamma)
     return lengths, a, float(tau[K]), int(B[K]), float(theta[K])
 
@@ -357,8 +363,7 @@ class SPSGreedyScheduler(SchedulerBase):
             return sps_greedy_lengths(c, valid, cm)[0]
         R, gamma = c.shape
         order, _tau, _B, theta = _admission_curve(survival(c, valid).double().numpy(), valid.numpy(), cm)
-        rises = theta[1:] > theta[:-1]  # [Rγ]
-        self._budgets.append(int(np.argmin(rises)) if not rises.all() else rises.size)  # this round's K
+        self._budgets.append(_admitted_before_first_non_rise(theta))  # this round's K
         if len(self._budgets) <= self.lag:  # no budget from `lag` rounds ago yet: synchronous
             return _lengths_from_admitted(order, self._budgets[-1], R, gamma)
         K = min(self._budgets.popleft(), int(valid.sum()))  # chosen `lag` rounds ago
@@ -372,7 +377,7 @@ class SPSGreedyScheduler(SchedulerBase):
             return False
         a = torch.cumprod(c.float(), dim=1).double().numpy()  # [1, j], as survival() computes it
         *_, theta = _admission_curve(a, np.array([a.shape[1]]), cm)
-        return bool((theta[1:] > theta[:-1]).all())
+        return _admitted_before_first_non_rise(theta) == a.shape[1]
 
 
 @frozen
