@@ -11,7 +11,9 @@
   cannot run (bf16, a graph that does not export, an n-gram drafter) is skipped in one sentence;
 * the start-up race leaves the drafter on the runner it reports — the very runner it timed;
 * the sequential head's opt-in survival floor ends each draft where its survival falls below it,
-  leaves what precedes unchanged, and keeps greedy identity and the sampled law.
+  leaves what precedes unchanged, and keeps greedy identity and the sampled law;
+* a draft layer's products fuse into one only inside a compiled inference graph, with the separate
+  products' values; its grouped-query attention is bit-equal to attention over repeated K/V heads.
 """
 
 from __future__ import annotations
@@ -422,3 +424,58 @@ def test_graph_calls_watch_a_runner_and_give_it_back():
     anchors = outer.inputs["backbone"]["anchor_ids"]
     assert torch.equal(anchors, torch.stack([ids[-1] for ids in context.token_ids]))
     assert all(s > 0 for s in outer.seconds["backbone"])
+
+
+def _linear_calls(fn, *args) -> int:
+    """How many linear products dynamo's graph of ``fn(*args)`` holds (a counting backend, run eager)."""
+    seen = []
+
+    def count(gm, example_inputs):
+        seen.append(sum(n.op == "call_function" and n.target is torch._C._nn.linear for n in gm.graph.nodes))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=count, fullgraph=True)(*args)
+    return sum(seen)
+
+
+def test_a_draft_layers_products_fuse_only_when_compiled_for_inference():
+    """`products`: one product over the concatenated weights inside a compiled inference graph,
+    with the separate products' values; one product each eager and with gradients."""
+    from dspark.drafters.layers import products
+
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(16, n, bias=False) for n in (8, 4, 4)]
+    x = torch.randn(2, 3, 16)
+
+    def run(x):
+        return products(x, *linears)
+
+    separate = tuple(m(x) for m in linears)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(run(x), separate))  # eager: each its own product
+        assert _linear_calls(run, x) == 1
+        fused = torch.compile(run, backend="eager", fullgraph=True)(x)
+    for a, b in zip(fused, separate):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert _linear_calls(run, x) == 3  # gradients on: training keeps its own graph
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_attention_equals_attention_over_repeated_kv_heads(dtype):
+    """`attend` runs the query heads of one K/V head as one taller head: bit-equal to the kernel
+    over K/V heads repeated H / H_kv times (the brute-force form), masks included."""
+    import torch.nn.functional as F
+
+    from dspark.drafters.layers import attend
+
+    g = torch.Generator().manual_seed(0)
+    R, H, H_kv, rows, P, hd = 2, 9, 3, 7, 40, 16
+    q, k, v = (torch.randn(R, h, n, hd, generator=g).to(dtype) for h, n in ((H, rows), (H_kv, P), (H_kv, P)))
+    mask = torch.rand(R, rows, P, generator=g) > 0.3
+    mask[..., 0] = True
+    rep = H // H_kv
+    brute = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                           attn_mask=mask[:, None])
+    assert torch.equal(attend(q, k, v, mask), brute)

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from attrs import frozen
 from torch import nn
 
-__all__ = ["LayerShape", "RMSNorm", "rope", "block_mask", "attend", "DraftLayer"]
+from dspark.fast.linear import fused
+
+__all__ = ["LayerShape", "RMSNorm", "rope", "block_mask", "attend", "products", "DraftLayer"]
 
 
 @frozen
@@ -77,12 +79,32 @@ def block_mask(ctx_mask: torch.Tensor, g: int, causal: bool) -> torch.Tensor:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Grouped-query attention: q [R, H, g, hd] over k, v [R, H_kv, P, hd] (each K/V head shared by
-    H / H_kv query heads), mask [R, g, P] bool → [R, H, g, hd]."""
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+    H / H_kv query heads), mask [R, g, P] bool → [R, H, g, hd].
+
+    The query heads sharing a K/V head go through the kernel as one head of G = H / H_kv times the
+    rows, as the target's step does (:mod:`dspark.fast.llama`), instead of copying each K/V head G
+    times: the same products and softmax per query row, on fewer, taller heads."""
+    R, H, g, hd = q.shape
+    H_kv = k.shape[1]
+    G = H // H_kv
+    qg = q.reshape(R, H_kv, G * g, hd)  # query head h = j·G + i sits under K/V head j
+    grouped_mask = mask.repeat(1, G, 1)[:, None]  # [R, 1, G·g, P]
+    return F.scaled_dot_product_attention(qg, k, v, attn_mask=grouped_mask).reshape(R, H, g, hd)
+
+
+def products(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
+    """``x`` through each of several linear layers of the same input, one output each.
+
+    Compiled for inference (``torch.compile``, no gradient, not an export), as one product over
+    their concatenated weights, split after: weight freezing folds the concatenation into one
+    constant, packed once, and one wider product reads ``x`` once and fills the matmul kernel's
+    blocks better than several narrow ones (at the few rows of a draft block, the products are
+    most of the backbone's time). Elsewhere one product each: eager, a concatenation would copy
+    the weights every call, and training keeps its own graph."""
+    if len(linears) > 1 and torch.compiler.is_compiling() and not torch.compiler.is_exporting() \
+            and not torch.is_grad_enabled():
+        return F.linear(x, *fused(*linears)).split([m.out_features for m in linears], dim=-1)
+    return tuple(m(x) for m in linears)
 
 
 class DraftLayer(nn.Module):
@@ -107,10 +129,16 @@ class DraftLayer(nn.Module):
 
     def _kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [R, n, d], positions [R, n] → K, V [R, H_kv, n, hd] (K normed and rotated)."""
-        R, n, _ = x.shape
+        k, v = products(x, self.k_proj, self.v_proj)
+        return self._rotated_kv(k, v, positions)
+
+    def _rotated_kv(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected k, v [R, n, H_kv · hd] at positions [R, n] → K, V [R, H_kv, n, hd] (K normed
+        and rotated)."""
+        R, n, _ = k.shape
         s = self.shape
-        k = self.k_proj(x).view(R, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(R, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        k = k.view(R, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        v = v.view(R, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
         return rope(self.k_norm(k), positions, s.rope_theta), v
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,14 +167,16 @@ class DraftLayer(nn.Module):
         R, g, _ = x.shape
         s = self.shape
         h = self.input_norm(x)
-        q = self.q_proj(h).view(R, g, s.num_heads, s.head_dim).transpose(1, 2)  # [R, H, γ, hd]
+        q, k_blk, v_blk = products(h, self.q_proj, self.k_proj, self.v_proj)
+        q = q.view(R, g, s.num_heads, s.head_dim).transpose(1, 2)  # [R, H, γ, hd]
         q = rope(self.q_norm(q), positions, s.rope_theta)
-        k_blk, v_blk = self._kv(h, positions)  # [R, H_kv, γ, hd]
+        k_blk, v_blk = self._rotated_kv(k_blk, v_blk, positions)  # [R, H_kv, γ, hd]
         k = torch.cat([ctx_k, k_blk], dim=2)  # [R, H_kv, n+γ, hd]
         v = torch.cat([ctx_v, v_blk], dim=2)
         mask = attn_mask if attn_mask is not None else block_mask(ctx_mask, g, causal)  # [R, γ, n+γ]
         attn = attend(q, k, v, mask)  # [R, H, γ, hd]
         x = x + self.o_proj(attn.transpose(1, 2).reshape(R, g, s.num_heads * s.head_dim))
         h = self.post_norm(x)
-        out = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        gate, up = products(h, self.gate_proj, self.up_proj)
+        out = x + self.down_proj(F.silu(gate) * up)
         return (out, k_blk, v_blk) if return_kv else out
