@@ -62,29 +62,32 @@ def _graph_options(tokens: torch.Tensor, position_ids: torch.Tensor, past: torch
     """The inductor settings of the graph a step on ``tokens`` [R, q] compiles beyond the CPU's
     own (:func:`~dspark.fast.compile.compile_step`): in bf16 one request's one token (plain
     decoding) and its 2 … FEW_ROWS tokens (a short verification, the class :func:`_mark_rows`
-    bounds) run their products on the GEMM template, untimed; in fp32 one request's one token
-    autotunes them; the rest run on oneDNN."""
-    if not _few_rows(tokens):
-        return None
-    if past.dtype == torch.bfloat16:
+    bounds) run their products on the GEMM template, untimed (:func:`_template_rows`); in fp32
+    one request's one token autotunes them; the rest run on oneDNN."""
+    if _template_rows(tokens, past.dtype):
         return FEW_ROWS_OPTIONS
-    return AUTOTUNE_OPTIONS if tokens.shape[1] == 1 else None
-
-
-def _few_rows(tokens: torch.Tensor) -> bool:
-    """One request's 1 … FEW_ROWS tokens [R, q]: the rows that :func:`_graph_options` gives their
-    own kernels and :func:`_mark_rows` keeps in graphs of their own."""
     R, q = tokens.shape
-    return R == 1 and q <= FEW_ROWS
+    return AUTOTUNE_OPTIONS if R == 1 and q == 1 else None  # not bf16: the template's lowering has no fallback
 
 
-def _mark_rows(tokens: torch.Tensor, most: int) -> None:
-    """Bound the token count of one request's several-token graph to 2 … FEW_ROWS or FEW_ROWS + 1
-    … ``most`` (the context limit), so a short and a long verification compile one graph each (a
-    graph dynamic in q keeps the kernels it chose at its first size)."""
+def _template_rows(tokens: torch.Tensor, dtype: torch.dtype) -> bool:
+    """One request's 1 … FEW_ROWS tokens [R, q] of a bf16 step: the rows whose products run on the
+    GEMM template (:func:`_graph_options`) in graphs of their own (:func:`_mark_rows`)."""
+    R, q = tokens.shape
+    return R == 1 and q <= FEW_ROWS and dtype == torch.bfloat16
+
+
+def _mark_rows(tokens: torch.Tensor, most: int, dtype: torch.dtype) -> None:
+    """Bound the token count of one request's several-token graph, so that each set of kernels
+    compiles one graph (a graph dynamic in q keeps the kernels it chose at its first size): in
+    bf16 2 … FEW_ROWS (the template's) or FEW_ROWS + 1 … ``most`` (the context limit: oneDNN's);
+    in fp32 every several-token product runs on oneDNN, so 2 … ``most`` is one graph."""
     R, q = tokens.shape
     if R == 1 and q > 1:
-        lo, hi = (2, FEW_ROWS) if _few_rows(tokens) else (FEW_ROWS + 1, max(most, q))
+        if _template_rows(tokens, dtype):
+            lo, hi = 2, FEW_ROWS
+        else:
+            lo, hi = (FEW_ROWS + 1 if dtype == torch.bfloat16 else 2), max(most, q)
         torch._dynamo.mark_dynamic(tokens, 1, min=lo, max=hi)
 
 
@@ -177,7 +180,7 @@ class FastTarget(HFTarget):
         # guards on them (a [1, 1] slice of a [1, 8] block would compile its own graph)
         tokens = torch.empty((R, q), dtype=tokens.dtype, device=dev).copy_(tokens)
         if run is not self._step and dev.type == "cpu":
-            _mark_rows(tokens, self.max_context)
+            _mark_rows(tokens, self.max_context, past.dtype)
         args = (tokens, position_ids, past, valid, None if run is not self._step else asked, want_logits)
         try:
             logits, captured, new_kv = run(*args)

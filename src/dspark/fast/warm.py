@@ -65,7 +65,7 @@ def warm_up(target: Any, drafter: Any, prompt: torch.Tensor, batch_sizes: Sequen
 
     engines = []
     if drafter is not None:  # first: its rounds capture the drafter's layers, the union's graph
-        # a long verification and a short one (at most FEW_ROWS tokens: a graph of its own)
+        # a long verification and a short one (at most FEW_ROWS tokens: in bf16 a graph of its own)
         for k in dict.fromkeys((drafter.gamma, min(drafter.gamma, FEW_ROWS - 1))):
             engines.append(Engine(target, drafter, scheduler=get_scheduler("fixed", k=k),
                                   cost_model=cost_model, calibrator="identity"))
