@@ -19,7 +19,6 @@ import logging
 import statistics
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -43,17 +42,6 @@ def layers_module(rev: str) -> types.ModuleType:
     return module
 
 
-def median_ms(fn, inputs: dict[str, torch.Tensor], calls: int) -> float:
-    for _ in range(5):
-        fn(**inputs)
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn(**inputs)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="the git revision whose draft layers are compared")
@@ -63,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
+
+    from draft_graphs import median_ms  # a sibling script: the graphs timed one by one
 
     import dspark
     from dspark.checkpoints import DEFAULT_DRAFTER, resolve_checkpoint
