@@ -440,7 +440,7 @@ def _linear_calls(fn, *args) -> int:
 
 
 def test_a_draft_layers_products_fuse_only_when_compiled_for_inference():
-    """`products`: one product over the concatenated weights inside a compiled inference graph,
+    """`products`: one product over the concatenated weights inside a compiled CPU inference graph,
     with the separate products' values; one product each eager and with gradients."""
     from dspark.drafters.layers import products
 

@@ -95,14 +95,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 def products(x: torch.Tensor, *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """``x`` through each of several linear layers of the same input, one output each.
 
-    Compiled for inference (``torch.compile``, no gradient, not an export), as one product over
-    their concatenated weights, split after: weight freezing folds the concatenation into one
-    constant, packed once, and one wider product reads ``x`` once and fills the matmul kernel's
-    blocks better than several narrow ones (at the few rows of a draft block, the products are
-    most of the backbone's time). Elsewhere one product each: eager, a concatenation would copy
-    the weights every call, and training keeps its own graph."""
-    if len(linears) > 1 and torch.compiler.is_compiling() and not torch.compiler.is_exporting() \
-            and not torch.is_grad_enabled():
+    Compiled for inference on a CPU (``torch.compile``, no gradient, not an export), as one
+    product over their concatenated weights, split after: weight freezing folds the concatenation
+    into one constant, packed once, and one wider product reads ``x`` once and fills the matmul
+    kernel's blocks better than several narrow ones (at the few rows of a draft block, the products
+    are most of the backbone's time). Elsewhere one product each: eager or in a GPU's graph (no
+    freezing) a concatenation would copy the weights every call, and training keeps its own graph."""
+    if len(linears) > 1 and x.device.type == "cpu" and torch.compiler.is_compiling() \
+            and not torch.compiler.is_exporting() and not torch.is_grad_enabled():
         return F.linear(x, *fused(*linears)).split([m.out_features for m in linears], dim=-1)
     return tuple(m(x) for m in linears)
 
