@@ -36,7 +36,15 @@ from torch import nn
 from dspark.drafters.config import DrafterConfig
 from dspark.drafters.eagle3.graphs import autoregressive_graph_specs
 from dspark.drafters.eagle3.round import autoregressive_round
-from dspark.drafters.layers import DraftLayer, LayerShape, RMSNorm, attend, block_mask, rope
+from dspark.drafters.layers import (
+    DraftLayer,
+    LayerShape,
+    RMSNorm,
+    attend,
+    block_mask,
+    products,
+    rope,
+)
 from dspark.drafters.neural import NeuralDrafter
 
 __all__ = ["AutoregressiveDrafter", "Eagle3Drafter", "Eagle3Layer", "Eagle3FusedDrafter"]
@@ -87,15 +95,18 @@ class Eagle3Attention(nn.Module):
         self.q_norm = RMSNorm(hd, s.rms_norm_eps)
         self.k_norm = RMSNorm(hd, s.rms_norm_eps)
 
-    def _heads(self, proj: nn.Linear, u: torch.Tensor, heads: int) -> torch.Tensor:
-        R, n, _ = u.shape
-        return proj(u).view(R, n, heads, self.shape.head_dim).transpose(1, 2)  # [R, heads, n, hd]
+    def _heads(self, y: torch.Tensor) -> torch.Tensor:
+        """A projection's output [R, n, heads · hd] → [R, heads, n, hd]."""
+        R, n, _ = y.shape
+        return y.view(R, n, -1, self.shape.head_dim).transpose(1, 2)
+
+    def _rotated_kv(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected k, v [R, n, H_kv · hd] → K (normed, rotated), V [R, H_kv, n, hd]."""
+        return rope(self.k_norm(self._heads(k)), positions, self.shape.rope_theta), self._heads(v)
 
     def kv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """u [R, n, 2d], positions [R, n] → K (normed, rotated), V [R, H_kv, n, hd]."""
-        s = self.shape
-        k = rope(self.k_norm(self._heads(self.k_proj, u, s.num_kv_heads)), positions, s.rope_theta)
-        return k, self._heads(self.v_proj, u, s.num_kv_heads)
+        return self._rotated_kv(*products(u, self.k_proj, self.v_proj), positions)
 
     def forward(
         self,
@@ -109,8 +120,9 @@ class Eagle3Attention(nn.Module):
         """→ attention output [R, n, d] (after o_proj), and the new positions' K, V."""
         s = self.shape
         R, n, _ = u.shape
-        q = rope(self.q_norm(self._heads(self.q_proj, u, s.num_heads)), positions, s.rope_theta)
-        k_new, v_new = self.kv(u, positions)
+        q, k_new, v_new = products(u, self.q_proj, self.k_proj, self.v_proj)
+        q = rope(self.q_norm(self._heads(q)), positions, s.rope_theta)  # [R, H, n, hd]
+        k_new, v_new = self._rotated_kv(k_new, v_new, positions)
         k, v = torch.cat([ctx_k, k_new], 2), torch.cat([ctx_v, v_new], 2)  # [R, H_kv, P + n, hd]
         if attn_mask is None:
             ctx = torch.ones(R, ctx_k.shape[2], dtype=torch.bool, device=u.device) if ctx_mask is None else ctx_mask
@@ -127,7 +139,8 @@ class Eagle3MLP(nn.Module):
         self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = products(x, self.gate_proj, self.up_proj)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Eagle3Layer(nn.Module):
