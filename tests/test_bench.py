@@ -595,6 +595,13 @@ def test_bench_cli_on_smollm2(tmp_path):
     assert main(args) == 0  # resumes: the recorded runs are reused
     assert (tmp_path / "runs" / "r0-c1-plain.json").read_text() == before
     assert main(["bench", "--out", str(tmp_path), "--scheduler", "sps-argmax", "--quiet"]) == 2  # lossy: refused
+    assert result["meta"]["drafter"] == DEFAULT_DRAFTER
+    side_by_side = tmp_path / "interleaved"  # the report names the drafter, not a scheduler (it once did)
+    assert main(["bench", "--out", str(side_by_side), "--concurrency", "1", "--per-domain", "1", "--repeats", "1",
+                 "--max-new-tokens", "12", "--profile", str(tmp_path / "profile.json"), "--gate-prior", "none",
+                 "--scheduler", "plain", "--scheduler", "sps-greedy", "--interleave", "--min-requests", "3",
+                 "--quiet"]) == 0
+    assert json.loads((side_by_side / "bench.json").read_text())["meta"]["drafter"] == DEFAULT_DRAFTER
 
 
 def test_paired_ratios_are_medians_of_each_repeats_own_ratio():

@@ -293,8 +293,8 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
                 if opts.interleave and (opts.fresh or not all(p.is_file() for p in paths.values())):
                     bar.set_postfix_str(f"c={c} interleaved")  # all of the level's runs again, side by side
                     level = run_level_interleaved({s.label: engine_for(s) for s in order}, **workload)
-                    for label, run in level.items():
-                        save_json(run.to_dict(), paths[label])
+                    for name, level_run in level.items():  # not `label`: that names the drafter
+                        save_json(level_run.to_dict(), paths[name])
                 for s in order:
                     path = paths[s.label]
                     if s.label in level:
