@@ -18,7 +18,7 @@ from torch import nn
 
 from dspark.fast.linear import fused
 
-__all__ = ["LayerShape", "RMSNorm", "rope", "block_mask", "attend", "products", "DraftLayer"]
+__all__ = ["LayerShape", "RMSNorm", "rope", "heads", "rotated_kv", "block_mask", "attend", "products", "DraftLayer"]
 
 
 @frozen
@@ -65,6 +65,19 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def heads(y: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A projection's output [R, n, heads · hd] → [R, heads, n, hd]."""
+    R, n, _ = y.shape
+    return y.view(R, n, -1, head_dim).transpose(1, 2)
+
+
+def rotated_kv(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, shape: LayerShape,
+               k_norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Projected k, v [R, n, H_kv · hd] at positions [R, n] → K, V [R, H_kv, n, hd]: K normed by
+    ``k_norm`` and rotated (the draft layers' and Eagle3's attention alike)."""
+    return rope(k_norm(heads(k, shape.head_dim)), positions, shape.rope_theta), heads(v, shape.head_dim)
 
 
 def block_mask(ctx_mask: torch.Tensor, g: int, causal: bool) -> torch.Tensor:
@@ -130,16 +143,7 @@ class DraftLayer(nn.Module):
     def _kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [R, n, d], positions [R, n] → K, V [R, H_kv, n, hd] (K normed and rotated)."""
         k, v = products(x, self.k_proj, self.v_proj)
-        return self._rotated_kv(k, v, positions)
-
-    def _rotated_kv(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projected k, v [R, n, H_kv · hd] at positions [R, n] → K, V [R, H_kv, n, hd] (K normed
-        and rotated)."""
-        R, n, _ = k.shape
-        s = self.shape
-        k = k.view(R, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
-        v = v.view(R, n, s.num_kv_heads, s.head_dim).transpose(1, 2)
-        return rope(self.k_norm(k), positions, s.rope_theta), v
+        return rotated_kv(k, v, positions, self.shape, self.k_norm)
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """KV injection: fused context features ctx [R, n, d] at positions [R, n] → K, V."""
@@ -168,9 +172,8 @@ class DraftLayer(nn.Module):
         s = self.shape
         h = self.input_norm(x)
         q, k_blk, v_blk = products(h, self.q_proj, self.k_proj, self.v_proj)
-        q = q.view(R, g, s.num_heads, s.head_dim).transpose(1, 2)  # [R, H, γ, hd]
-        q = rope(self.q_norm(q), positions, s.rope_theta)
-        k_blk, v_blk = self._rotated_kv(k_blk, v_blk, positions)  # [R, H_kv, γ, hd]
+        q = rope(self.q_norm(heads(q, s.head_dim)), positions, s.rope_theta)  # [R, H, γ, hd]
+        k_blk, v_blk = rotated_kv(k_blk, v_blk, positions, s, self.k_norm)  # [R, H_kv, γ, hd]
         k = torch.cat([ctx_k, k_blk], dim=2)  # [R, H_kv, n+γ, hd]
         v = torch.cat([ctx_v, v_blk], dim=2)
         mask = attn_mask if attn_mask is not None else block_mask(ctx_mask, g, causal)  # [R, γ, n+γ]

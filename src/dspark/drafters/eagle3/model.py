@@ -42,8 +42,10 @@ from dspark.drafters.layers import (
     RMSNorm,
     attend,
     block_mask,
+    heads,
     products,
     rope,
+    rotated_kv,
 )
 from dspark.drafters.neural import NeuralDrafter
 
@@ -95,18 +97,9 @@ class Eagle3Attention(nn.Module):
         self.q_norm = RMSNorm(hd, s.rms_norm_eps)
         self.k_norm = RMSNorm(hd, s.rms_norm_eps)
 
-    def _heads(self, y: torch.Tensor) -> torch.Tensor:
-        """A projection's output [R, n, heads · hd] → [R, heads, n, hd]."""
-        R, n, _ = y.shape
-        return y.view(R, n, -1, self.shape.head_dim).transpose(1, 2)
-
-    def _rotated_kv(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projected k, v [R, n, H_kv · hd] → K (normed, rotated), V [R, H_kv, n, hd]."""
-        return rope(self.k_norm(self._heads(k)), positions, self.shape.rope_theta), self._heads(v)
-
     def kv(self, u: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """u [R, n, 2d], positions [R, n] → K (normed, rotated), V [R, H_kv, n, hd]."""
-        return self._rotated_kv(*products(u, self.k_proj, self.v_proj), positions)
+        return rotated_kv(*products(u, self.k_proj, self.v_proj), positions, self.shape, self.k_norm)
 
     def forward(
         self,
@@ -121,8 +114,8 @@ class Eagle3Attention(nn.Module):
         s = self.shape
         R, n, _ = u.shape
         q, k_new, v_new = products(u, self.q_proj, self.k_proj, self.v_proj)
-        q = rope(self.q_norm(self._heads(q)), positions, s.rope_theta)  # [R, H, n, hd]
-        k_new, v_new = self._rotated_kv(k_new, v_new, positions)
+        q = rope(self.q_norm(heads(q, s.head_dim)), positions, s.rope_theta)  # [R, H, n, hd]
+        k_new, v_new = rotated_kv(k_new, v_new, positions, s, self.k_norm)
         k, v = torch.cat([ctx_k, k_new], 2), torch.cat([ctx_v, v_new], 2)  # [R, H_kv, P + n, hd]
         if attn_mask is None:
             ctx = torch.ones(R, ctx_k.shape[2], dtype=torch.bool, device=u.device) if ctx_mask is None else ctx_mask
