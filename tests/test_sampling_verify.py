@@ -166,3 +166,33 @@ def test_sample_never_draws_zero_mass_not_even_from_a_zero_uniform(monkeypatch):
     # 0 / 0 = NaN (argmax's maximum) for those without
     monkeypatch.setattr(sampling, "uniform", lambda R, n, g: torch.zeros(R, n))
     assert sample(probs.expand(3, 6)).tolist() == [3, 3, 3]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_accept_equals_matching_every_position_by_hand(dtype):
+    """dspark.round.accept (greedy) reads only the positions some request verifies; the oracle walks
+    each request's drafts against the target's argmax at every position, in plain Python."""
+    from dspark.round import accept
+    from dspark.types import DraftBlock
+
+    g = torch.Generator().manual_seed(7)
+    R, gamma, V = 5, 6, 11
+    for trial in range(60):
+        logits = torch.randn(R, gamma + 1, V, generator=g).to(dtype)
+        best = logits.float().argmax(-1)  # [R, γ+1]
+        # drafts that agree with the target for a random prefix, then (mostly) disagree
+        agree = torch.randint(0, gamma + 1, (R,), generator=g)
+        tokens = torch.where(torch.arange(gamma)[None] < agree[:, None], best[:, :gamma],
+                             torch.randint(0, V, (R, gamma), generator=g))
+        lengths = torch.randint(0, gamma + 1, (R,), generator=g)
+        if trial % 7 == 0:
+            lengths.zero_()  # a round that verifies no draft (ℓ = 0 everywhere)
+        block = DraftBlock(tokens, torch.zeros(R, gamma, V), torch.full((R,), gamma))
+        accepted, committed = accept(block, logits, lengths, [SamplingParams.greedy()] * R, None)
+        for r in range(R):
+            n = 0
+            while n < int(lengths[r]) and int(tokens[r, n]) == int(best[r, n]):
+                n += 1
+            want = [int(t) for t in tokens[r, :n]] + [int(best[r, n])]
+            assert int(accepted[r]) == n
+            assert committed[r].tolist() == want + [-1] * (gamma + 1 - len(want))

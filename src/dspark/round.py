@@ -128,7 +128,12 @@ def accept(
         return torch.zeros(R, dtype=torch.long), nxt[:, None]
     logits = logits[:, : block.gamma + 1]
     if greedy:
-        res = verify_greedy(block.tokens, logits.float().argmax(-1).cpu(), lengths)
+        # argmax only over the positions some request reads (1 + max ℓ); the columns after them
+        # hold −1, beyond every request's accepted prefix and next token
+        read = int(lengths.max()) + 1 if R else 1
+        argmax = logits[:, :read].float().argmax(-1).cpu()  # [R, read]
+        pad = argmax.new_full((R, block.gamma + 1 - read), -1)
+        res = verify_greedy(block.tokens, torch.cat([argmax, pad], 1), lengths)
     else:
         res = verify(block.tokens, block.q, probs_for_requests(logits, sampling).cpu(), lengths, generators)
     return res.accepted, res.committed
