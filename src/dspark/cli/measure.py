@@ -125,7 +125,13 @@ def _profile(args: argparse.Namespace) -> int:
                  f"{min(args.widths)}-token step at a {ctx}-token context is {t1 / floor['floor_seconds']:.2f}× the floor")
     report: dict[str, Any] = {"step": target.path, "dtype": args.dtype, "traffic_floor": floor}
     if args.drafter:
-        report["draft_round_seconds"] = _draft_rounds(target, args, profile)
+        drafter, report["draft_round_seconds"] = _draft_rounds(target, args, profile)
+        if hasattr(drafter, "round_weight_bytes"):  # a neural drafter (the n-gram one has no weights)
+            bw, draft_bytes = floor["bandwidth_bytes_per_second"], drafter.round_weight_bytes()
+            report["draft_traffic_floor"] = {"weight_bytes": draft_bytes, "bandwidth_bytes_per_second": bw,
+                                             "floor_seconds": draft_bytes / bw}
+            lines.append(f"draft round floor: {draft_bytes / bw * 1e3:.1f} ms ({draft_bytes / 1e6:.1f} MB of weights "
+                         f"every round reads, {draft_bytes / floor['weight_bytes']:.0%} of a step's)")
         for R, sec in report["draft_round_seconds"].items():
             ref = times[ctx, R, max(args.widths)] if (ctx, R, max(args.widths)) in times else float("nan")
             lines.append(f"draft round beyond a plain round, R = {R}: {sec * 1e3:.1f} ms "
@@ -139,8 +145,8 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _draft_rounds(target: Any, args: argparse.Namespace, profile: Any) -> dict[int, float]:
-    """{R: seconds a drafted round spends beyond a plain one} for ``--drafter`` on ``target``."""
+def _draft_rounds(target: Any, args: argparse.Namespace, profile: Any) -> tuple[Any, dict[int, float]]:
+    """``--drafter`` on ``target`` and {R: seconds a drafted round spends beyond a plain one}."""
     import dspark
     from dspark.bench.prior import measure_draft_overhead
     from dspark.engine import encode_prompt
@@ -149,7 +155,7 @@ def _draft_rounds(target: Any, args: argparse.Namespace, profile: Any) -> dict[i
     _, drafter, calibrator = load_drafter_spec(args.drafter, target)
     ids = [encode_prompt(target.tokenizer, "Explain how a hash map handles collisions, with examples.")] * 2
     cost = dspark.get_cost_model("sps-table", profile=profile)
-    return measure_draft_overhead(target, drafter, ids, args.requests, cost, calibrator, rounds=6)
+    return drafter, measure_draft_overhead(target, drafter, ids, args.requests, cost, calibrator, rounds=6)
 
 
 # --------------------------------------------------------------------------------------------

@@ -90,6 +90,29 @@ class NeuralDrafter(nn.Module):
     def is_bound(self) -> bool:
         return self._embed is not None and self._lm_head is not None
 
+    #: submodules whose weights a drafting round need not read (a kind whose steps may be served
+    #: from a cache names them here), left out of :meth:`round_weight_bytes`
+    round_may_skip: tuple[str, ...] = ()
+
+    def round_weight_bytes(self) -> int:
+        """Bytes of weights every drafting round reads at least once: the drafter's side of the
+        memory-traffic floor (``dspark profile --drafter``). Each parameter of two or more
+        dimensions (a product's weight: vectors are norms and biases) outside
+        :attr:`round_may_skip`, each storage once, and the bound LM head's rows the drafter scores
+        ([V_d, d]); not the token embedding, of which a round gathers a few rows."""
+        skipped = {id(p) for name in self.round_may_skip if hasattr(self, name)
+                   for p in getattr(self, name).parameters()}
+        weights = [p for p in self.parameters() if p.ndim >= 2 and id(p) not in skipped]
+        if self._lm_head is not None:
+            weights.append(self._lm_head)
+        seen, total = set(), 0
+        for w in weights:
+            key = (w.untyped_storage().data_ptr(), w.storage_offset(), w.numel())  # a tied weight once
+            if key not in seen:
+                seen.add(key)
+                total += w.numel() * w.element_size()
+        return total
+
     def target_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The bound target embedding [V, d] and full LM head [V, d] (what an export bakes in)."""
         self._require_bound()

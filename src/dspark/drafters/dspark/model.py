@@ -26,6 +26,11 @@ class DSparkDrafter(BlockDrafter):
 
     round = staticmethod(dspark_round)
     graph_specs = staticmethod(dspark_graph_specs)
+    # the sequential head is left out of the round's floor: a Markov head's correction rows come
+    # from a cache once its previous tokens were seen (dspark.drafters.dspark.rows), so a round may
+    # read none of its weights, and its tables are read by row (an RNN head's products are then
+    # per-step cost above the floor)
+    round_may_skip = ("head",)
 
     @staticmethod
     def graph_names(config: dict[str, Any]) -> tuple[str, ...]:
