@@ -109,3 +109,12 @@ def test_profile_reports_the_draft_round_floor(tmp_path, capsys):
     assert floor["floor_seconds"] == pytest.approx(floor["weight_bytes"] / floor["bandwidth_bytes_per_second"])
     assert set(report["draft_round_seconds"]) == {"1"}
     assert "draft round floor" in capsys.readouterr().out
+
+
+def test_a_misspelled_skip_fails_loudly_and_an_absent_part_is_nothing_to_skip(monkeypatch):
+    target = HFTarget(tiny_causal_lm(vocab_size=64, max_positions=96))
+    headless = dspark.get_drafter("dspark", target=target, num_layers=1, gamma=4, head=None, confidence=False)
+    assert headless.head is None and headless.round_weight_bytes() > 0
+    monkeypatch.setattr(type(headless), "round_may_skip", ("haed",))
+    with pytest.raises(AttributeError, match="names 'haed'"):
+        headless.round_weight_bytes()

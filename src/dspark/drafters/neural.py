@@ -100,8 +100,12 @@ class NeuralDrafter(nn.Module):
         dimensions (a product's weight: vectors are norms and biases) outside
         :attr:`round_may_skip`, each storage once, and the bound LM head's rows the drafter scores
         ([V_d, d]); not the token embedding, of which a round gathers a few rows."""
-        skipped = {id(p) for name in self.round_may_skip if hasattr(self, name)
-                   for p in getattr(self, name).parameters()}
+        skipped = set()
+        for name in self.round_may_skip:
+            if not hasattr(self, name):
+                raise AttributeError(f"{type(self).__name__}.round_may_skip names {name!r}, which it does not have")
+            module = getattr(self, name)  # None: this configuration has no such part (DSpark without a head)
+            skipped |= {id(p) for p in module.parameters()} if module is not None else set()
         weights = [p for p in self.parameters() if p.ndim >= 2 and id(p) not in skipped]
         if self._lm_head is not None:
             weights.append(self._lm_head)
