@@ -53,7 +53,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
         "× 1+ℓ tokens, padded) and context lengths, and write the profile JSON the sps-table cost model "
         "reads (records device, model, dtype, threads, date). Also reports the memory-traffic floor of a "
         "step (the weights' bytes over the read bandwidth measured here) and, with --drafter, the draft "
-        "round's time beyond a plain round."
+        "round's time beyond a plain round and its own floor (the weights every round reads)."
     )
     p.add_argument("--out", default="out/profile.json",
                    help="profile JSON for --profile / sps-table (its .shapes.json and .floor.json beside it)")
