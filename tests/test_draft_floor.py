@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_leaves
 
 import dspark
 from dspark.engine import Engine
+from dspark.profiling import distinct_bytes
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
 from helpers import tiny_causal_lm
@@ -47,16 +48,6 @@ class ProductOperands(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
-
-
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_the_round_floor_is_what_every_round_multiplies_by(name):
     target = HFTarget(tiny_causal_lm(vocab_size=64, max_positions=96, tied=name.endswith("dv")))
@@ -82,7 +73,7 @@ def test_the_round_floor_is_what_every_round_multiplies_by(name):
     # matrices only: a product's bias is a vector of a few bytes, as are the norms the floor leaves out
     read = [t for t in tensors if t.ndim >= 2 and t.untyped_storage().data_ptr() in every and id(t) not in skipped]
     assert read, "no weight seen in a product: the oracle watches nothing"
-    assert drafter.round_weight_bytes() == _bytes(read)
+    assert drafter.round_weight_bytes() == distinct_bytes(read)
 
 
 def test_profile_reports_the_draft_round_floor(tmp_path, capsys):

@@ -19,7 +19,7 @@ import platform
 import random
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,8 @@ import torch
 from dspark.cost_models import SPSProfile
 
 __all__ = ["ProfileFitError", "additive_cost_fit", "cpu_name", "time_shapes", "profile_from_shapes",
-           "save_shapes", "load_shapes", "read_bandwidth", "step_weight_bytes", "traffic_floor"]
+           "save_shapes", "load_shapes", "read_bandwidth", "step_weight_bytes", "traffic_floor",
+           "distinct_bytes", "bytes_floor"]
 
 
 class ProfileFitError(ValueError):
@@ -71,28 +72,37 @@ def read_bandwidth(device: Any = "cpu", nbytes: int = 256 << 20, repeats: int = 
     return x.numel() * 4 / best
 
 
+def distinct_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of ``tensors``, each counted once however often it is listed (a tied weight, a view
+    listed twice: the same storage, offset and size)."""
+    seen, total = set(), 0
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
 def step_weight_bytes(model: Any) -> int:
     """Bytes of weights one decoder step reads: every parameter once, except an input embedding
     that is not also the LM head (a step reads only its rows)."""
     embed = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     tied = head is not None and embed is not None and head.weight.data_ptr() == embed.data_ptr()
-    seen, total = set(), 0
-    for p in model.parameters():
-        if p.data_ptr() in seen or (p is embed and not tied):
-            continue
-        seen.add(p.data_ptr())
-        total += p.numel() * p.element_size()
-    return total
+    return distinct_bytes(p for p in model.parameters() if tied or p is not embed)
 
 
 def traffic_floor(model: Any, bandwidth: float | None = None) -> dict[str, float]:
     """The memory-traffic floor of one step: weight bytes ÷ read bandwidth (measured unless given).
     No decode step of one token can be faster on this machine unless it reads fewer bytes."""
     device = next(model.parameters()).device
-    bw = read_bandwidth(device) if bandwidth is None else bandwidth
-    nbytes = step_weight_bytes(model)
-    return {"weight_bytes": nbytes, "bandwidth_bytes_per_second": bw, "floor_seconds": nbytes / bw}
+    return bytes_floor(step_weight_bytes(model), read_bandwidth(device) if bandwidth is None else bandwidth)
+
+
+def bytes_floor(nbytes: int, bandwidth: float) -> dict[str, float]:
+    """The floor of reading ``nbytes`` at ``bandwidth`` bytes a second, as the reports record it."""
+    return {"weight_bytes": nbytes, "bandwidth_bytes_per_second": bandwidth, "floor_seconds": nbytes / bandwidth}
 
 
 def synchronize(target: Any) -> None:

@@ -92,6 +92,7 @@ def _profile(args: argparse.Namespace) -> int:
     import torch
 
     from dspark.profiling import (
+        bytes_floor,
         device_name,
         profile_from_shapes,
         save_shapes,
@@ -127,11 +128,11 @@ def _profile(args: argparse.Namespace) -> int:
     if args.drafter:
         drafter, report["draft_round_seconds"] = _draft_rounds(target, args, profile)
         if hasattr(drafter, "round_weight_bytes"):  # a neural drafter (the n-gram one has no weights)
-            bw, draft_bytes = floor["bandwidth_bytes_per_second"], drafter.round_weight_bytes()
-            report["draft_traffic_floor"] = {"weight_bytes": draft_bytes, "bandwidth_bytes_per_second": bw,
-                                             "floor_seconds": draft_bytes / bw}
-            lines.append(f"draft round floor: {draft_bytes / bw * 1e3:.1f} ms ({draft_bytes / 1e6:.1f} MB of weights "
-                         f"every round reads, {draft_bytes / floor['weight_bytes']:.0%} of a step's)")
+            draft = report["draft_traffic_floor"] = bytes_floor(drafter.round_weight_bytes(),
+                                                                floor["bandwidth_bytes_per_second"])
+            lines.append(f"draft round floor: {draft['floor_seconds'] * 1e3:.1f} ms ({draft['weight_bytes'] / 1e6:.1f} "
+                         f"MB of weights every round reads, {draft['weight_bytes'] / floor['weight_bytes']:.0%} "
+                         "of a step's)")
         for R, sec in report["draft_round_seconds"].items():
             ref = times[ctx, R, max(args.widths)] if (ctx, R, max(args.widths)) in times else float("nan")
             lines.append(f"draft round beyond a plain round, R = {R}: {sec * 1e3:.1f} ms "

@@ -106,16 +106,10 @@ class NeuralDrafter(nn.Module):
                 raise AttributeError(f"{type(self).__name__}.round_may_skip names {name!r}, which it does not have")
             module = getattr(self, name)  # None: this configuration has no such part (DSpark without a head)
             skipped |= {id(p) for p in module.parameters()} if module is not None else set()
+        from dspark.profiling import distinct_bytes
+
         weights = [p for p in self.parameters() if p.ndim >= 2 and id(p) not in skipped]
-        if self._lm_head is not None:
-            weights.append(self._lm_head)
-        seen, total = set(), 0
-        for w in weights:
-            key = (w.untyped_storage().data_ptr(), w.storage_offset(), w.numel())  # a tied weight once
-            if key not in seen:
-                seen.add(key)
-                total += w.numel() * w.element_size()
-        return total
+        return distinct_bytes(weights + ([self._lm_head] if self._lm_head is not None else []))
 
     def target_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The bound target embedding [V, d] and full LM head [V, d] (what an export bakes in)."""
