@@ -21,7 +21,7 @@ import dspark
 from dspark.engine import Engine
 from dspark.fast import FastTarget, build_target
 from dspark.fast import target as fast_target
-from dspark.fast.compile import CompileUnavailable
+from dspark.fast.compile import FEW_ROWS, FEW_ROWS_AMX, CompileUnavailable
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
 from helpers import (
@@ -354,18 +354,20 @@ def test_the_engine_routes_a_bf16_drafters_linears_through_packed_weights():
         torch.testing.assert_close(drafter.logits(h).float(), (h @ drafter._lm_head.T).float(), atol=0.05, rtol=0.02)
 
 
+@pytest.mark.parametrize("bound", [FEW_ROWS, FEW_ROWS_AMX])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_compiled_step_compiles_each_shape_class_once(dtype):
+def test_the_compiled_step_compiles_each_shape_class_once(dtype, bound, monkeypatch):
     """One request decoding across several cache buckets, then drafting blocks: one graph for
-    q = 1 and, in bf16, one for 1 < q ≤ FEW_ROWS (the GEMM template's) and one above (oneDNN's);
+    q = 1 and, in bf16, one for 1 < q ≤ few_rows() (the GEMM template's) and one above (oneDNN's);
     in fp32 one for every q > 1 (all oneDNN) — however long the context grows and in whatever
-    order the widths come. The bucket equals the head dimension, the coincidence (T = d at the
-    first call) that once made T a constant; and the cache grows under the read view, whose
-    strides once compiled a second graph."""
+    order the widths come, at either bound (without AMX and with it). The bucket equals the head
+    dimension, the coincidence (T = d at the first call) that once made T a constant; and the
+    cache grows under the read view, whose strides once compiled a second graph."""
     from torch._dynamo.utils import counters
 
-    from dspark.fast.compile import FEW_ROWS
     from dspark.fast.linear import bf16_packing_supported
+
+    monkeypatch.setattr("dspark.fast.compile.few_rows", lambda: bound)
 
     if dtype == torch.bfloat16 and not bf16_packing_supported():
         pytest.skip("this CPU's oneDNN has no bf16 products (no AVX-512 or AVX-NE-CONVERT): no bf16 compiled step")
@@ -378,9 +380,9 @@ def test_the_compiled_step_compiles_each_shape_class_once(dtype):
     prompt = [torch.randint(V, (3,), generator=g)]
     _same(target.prefill(["a"], prompt), ref.prefill(["a"], prompt), (), tol)
     graphs = [counters["stats"]["unique_graphs"]]
-    widths = ((1,), (FEW_ROWS,), (FEW_ROWS + 2,), (2, FEW_ROWS + 1, 3, 2 * FEW_ROWS))
+    widths = ((1,), (bound,), (bound + 2,), (2, bound + 1, 3, 2 * bound))
     for qs, steps in zip(widths, (5 * d, 2 * d, 2 * d, 2 * d)):  # the cache crosses several buckets of d positions
-        for i in range(steps // max(qs)):
+        for i in range(max(len(qs), steps // max(qs))):  # each width at least once
             q = qs[i % len(qs)]
             tokens = torch.randint(V, (1, q), generator=g)
             ells = torch.tensor([q - 1])
@@ -469,14 +471,15 @@ def test_own_forward_copies_a_plain_forward_and_declines_any_other():
     assert own_forward(Odd()) is None
 
 
-def test_each_row_class_compiles_with_its_own_gemm_settings():
+@pytest.mark.parametrize("bound", [FEW_ROWS, FEW_ROWS_AMX])
+def test_each_row_class_compiles_with_its_own_gemm_settings(bound, monkeypatch):
     """A compiled graph's settings are read when it compiles: every CPU graph gets the C++ wrapper
-    and weight freezing; in bf16 one request's one token and its 2 … FEW_ROWS tokens (a class
+    and weight freezing; in bf16 one request's one token and its 2 … few_rows() tokens (a class
     bounded in its row count) take the GEMM template, in fp32 its one token autotunes its products,
     and the rest keep oneDNN."""
     import torch._inductor.config as inductor_config
 
-    from dspark.fast.compile import FEW_ROWS
+    monkeypatch.setattr("dspark.fast.compile.few_rows", lambda: bound)
 
     model = tiny_causal_lm("llama", vocab_size=V, max_positions=64, num_layers=2)
     target = FastTarget(model, path="compiled")
@@ -492,30 +495,30 @@ def test_each_row_class_compiles_with_its_own_gemm_settings():
     g = torch.Generator().manual_seed(3)
     target.prefill(["a", "b"], [torch.randint(V, (3,), generator=g) for _ in range(2)])
     default_backends = inductor_config.max_autotune_gemm_backends
-    cases = ((["a"], 1), (["a"], 2), (["a"], FEW_ROWS), (["a"], FEW_ROWS + 1), (["a", "b"], 1), (["a", "b"], 3))
+    cases = ((["a"], 1), (["a"], 2), (["a"], bound), (["a"], bound + 1), (["a", "b"], 1), (["a", "b"], 3))
     for rids, q in cases:
         tokens = torch.randint(V, (len(rids), q), generator=g)
         target.verify(rids, tokens, torch.full((len(rids),), q - 1))
     assert seen == [((1, 1), True, True, True, "CPP,ATEN"), ((1, 2), True, True, False, default_backends),
-                    ((1, FEW_ROWS), True, True, False, default_backends),
-                    ((1, FEW_ROWS + 1), True, True, False, default_backends),
+                    ((1, bound), True, True, False, default_backends),
+                    ((1, bound + 1), True, True, False, default_backends),
                     ((2, 1), True, True, False, default_backends), ((2, 3), True, True, False, default_backends)]
     # in bf16 one token and the short verifications take the template
     bf16 = FastTarget(tiny_causal_lm("llama", vocab_size=V, max_positions=64, num_layers=2).to(torch.bfloat16),
                       path="compiled")
     bf16._run.fn, target, seen[:] = record, bf16, []
     bf16.prefill(["a"], [torch.randint(V, (3,), generator=g)])
-    for q in (1, 2, FEW_ROWS, FEW_ROWS + 1):
+    for q in (1, 2, bound, bound + 1):
         bf16.verify(["a"], torch.randint(V, (1, q), generator=g), torch.tensor([q - 1]))
     assert [s[-1] for s in seen] == ["CPP", "CPP", "CPP", default_backends]
     assert not inductor_config.max_autotune and not inductor_config.cpp_wrapper  # restored after each call
 
 
 def test_bf16_short_verifications_compile_on_the_gemm_template_and_agree_with_the_packed_step():
-    """The bf16 graphs of one and of 2 … FEW_ROWS tokens compile with the template allowed alone
+    """The bf16 graphs of one and of 2 … few_rows() tokens compile with the template allowed alone
     (oneDNN wherever it does not apply) and computes what the packed eager step computes, to bf16's
     rounding; no fallback to another path."""
-    from dspark.fast.compile import FEW_ROWS
+    from dspark.fast.compile import few_rows
 
     model = tiny_causal_lm("llama", vocab_size=V, max_positions=64, num_layers=2, init_range=0.3).to(torch.bfloat16)
     fast, ref = FastTarget(model, path="compiled"), FastTarget(model, path="packed")
@@ -523,9 +526,27 @@ def test_bf16_short_verifications_compile_on_the_gemm_template_and_agree_with_th
     prompt = [torch.randint(V, (5,), generator=g)]
     with torch.inference_mode():
         fast.prefill(["a"], prompt), ref.prefill(["a"], prompt)
-        for q in (1, 2, FEW_ROWS, 3):
+        for q in (1, 2, few_rows(), 3):
             tokens = torch.randint(V, (1, q), generator=g)
             ells = torch.tensor([q - 1])
             a, b = fast.verify(["a"], tokens, ells), ref.verify(["a"], tokens, ells)
             torch.testing.assert_close(a.logits.float(), b.logits.float(), atol=0.1, rtol=0.05)
     assert fast.path == "compiled"
+
+
+def test_few_rows_follows_the_instruction_set_inductor_compiles_for(monkeypatch):
+    """The template's row bound: FEW_ROWS_AMX where inductor picks AMX tiles, FEW_ROWS for every
+    other instruction set and where it finds none (no compiler)."""
+    import torch._inductor.cpu_vec_isa as isa
+
+    from dspark.fast import compile as compiling
+
+    cases = ((isa.VecAMX(), FEW_ROWS_AMX), (isa.VecAVX512(), FEW_ROWS), (isa.VecAVX2(), FEW_ROWS),
+             (isa.invalid_vec_isa, FEW_ROWS))
+    try:
+        for picked, expected in cases:
+            monkeypatch.setattr(isa, "pick_vec_isa", lambda picked=picked: picked)
+            compiling.few_rows.cache_clear()
+            assert compiling.few_rows() == expected, type(picked).__name__
+    finally:
+        compiling.few_rows.cache_clear()

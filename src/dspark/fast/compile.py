@@ -4,16 +4,17 @@
   prepacked for oneDNN / MKL once (AMX or AVX-512 tiles for bf16) and the element-wise ops between
   them fuse into a few C++ loops; the graph's wrapper is C++, not Python (hundreds of tensor
   views and size checks a call, which cost a one-token step milliseconds); and a bf16 graph of one
-  to :data:`FEW_ROWS` rows (plain decoding, a short verification) runs its products on inductor's
+  to :func:`few_rows` rows (plain decoding, a short verification) runs its products on inductor's
   own C++ GEMM template, untimed (:data:`FEW_ROWS_OPTIONS`), whose micro-kernel streams a weight
   faster than oneDNN there: a step streams each weight from memory once, and then the template's
   few rows cost about what one row costs, while autotuned (:data:`AUTOTUNE_OPTIONS`: inductor
   times each product alone, its weight hot in the cache) these graphs measured slower and varied
   from compile to compile; an fp32 graph of one row autotunes (the template's fp32 lowering has no
-  fallback where it does not apply). Past that the template computes in fp32 and falls behind
-  oneDNN's bf16 kernels, and a graph dynamic in its row count keeps the kernels it chose at its
-  first size for every later one, so the caller bounds the few-row graph's row count and says
-  which settings a call's graph takes (``graph_options``); the other graphs keep oneDNN; and dynamo
+  fallback where it does not apply). Past those rows the template falls behind oneDNN's bf16
+  kernels (without AMX it computes in fp32), and a graph dynamic in its row count keeps the
+  kernels it chose at its first size for every later one, so the caller bounds the few-row
+  graph's row count and says which settings a call's graph takes (``graph_options``); the other
+  graphs keep oneDNN; and dynamo
   checks no guard on the module's weights before each call (:func:`drop_weight_guards`: frozen,
   they are constants of the graph);
 * GPU: ``mode="reduce-overhead"`` — each shape's kernels are captured once as a CUDA graph and
@@ -28,6 +29,7 @@ packed step, in one logged sentence, if a model's compile fails later.
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 from collections.abc import Callable, Mapping
@@ -36,7 +38,8 @@ from typing import Any
 import torch
 
 __all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "FEW_ROWS", "FEW_ROWS_OPTIONS", "CompileUnavailable", "check_compiler",
-           "compile_step", "drop_weight_guards", "first_line", "own_forward"]
+           "FEW_ROWS_AMX", "compile_step", "drop_weight_guards", "few_rows", "first_line",
+           "own_forward"]
 
 
 class CompileUnavailable(RuntimeError):
@@ -83,7 +86,7 @@ def compile_step(step: torch.nn.Module, device: torch.device, *, dynamic: bool |
     :data:`CPU_OPTIONS` of the graph that call compiles, if it compiles one (None: none);
     :data:`AUTOTUNE_OPTIONS` only for shape classes of fixed sizes, such as torch's size-1
     specialisations, and :data:`FEW_ROWS_OPTIONS` for a bf16 class whose row count is bounded by
-    :data:`FEW_ROWS` (``torch._dynamo.mark_dynamic(..., max=FEW_ROWS)``). Return one of a few
+    :func:`few_rows` (``torch._dynamo.mark_dynamic(..., max=few_rows())``). Return one of a few
     long-lived mappings, such as these module constants: the config patchers are made once per
     mapping object and kept, so a fresh dict each call would build and keep new ones every call."""
     check_compiler(device)
@@ -147,12 +150,31 @@ AUTOTUNE_OPTIONS: dict[str, Any] = {
     "max_autotune_report_choices_stats": False,
 }
 
-#: the most rows (tokens of all requests) of a graph on :data:`FEW_ROWS_OPTIONS`: up to four the
-#: template's products cost about what one row's cost, past them its fp32 arithmetic, not the
-#: weight's bytes, sets the time (docs/reports/2026-12-06-few-rows.md)
+#: the most rows (tokens of all requests) of a graph on :data:`FEW_ROWS_OPTIONS` where the template's
+#: micro-kernel computes in fp32 (AVX-512 without AMX): up to four its products cost about what one
+#: row's cost, past them its fp32 arithmetic, not the weight's bytes, sets the time
+#: (docs/reports/2026-12-06-few-rows.md)
 FEW_ROWS = 4
 
-#: and of a bf16 graph of one to :data:`FEW_ROWS` rows: each product on the C++ GEMM template
+#: the same where the micro-kernel runs on AMX tiles (bf16 products summed in fp32, 16 rows a
+#: tile): up to 16 rows the template's step measured faster than oneDNN's, at 2 and 8 rows by a
+#: fifth (docs/reports/2026-12-07-amx-template.md)
+FEW_ROWS_AMX = 16
+
+
+@functools.cache
+def few_rows() -> int:
+    """The most rows of a graph on :data:`FEW_ROWS_OPTIONS` on this CPU: :data:`FEW_ROWS_AMX` where
+    inductor's instruction set (the one its GEMM template's micro-kernels are chosen for) has AMX
+    tiles, else :data:`FEW_ROWS`."""
+    try:
+        from torch._inductor.cpu_vec_isa import VecAMX, pick_vec_isa
+
+        return FEW_ROWS_AMX if isinstance(pick_vec_isa(), VecAMX) else FEW_ROWS
+    except Exception:  # an inductor without these names: the bound measured without AMX
+        return FEW_ROWS
+
+#: and of a bf16 graph of one to :func:`few_rows` rows: each product on the C++ GEMM template
 #: where it applies, untimed (oneDNN where it does not: inductor's lowering of a packed bf16
 #: product keeps it; an fp32 product's lowering has no such fallback, hence bf16 only)
 FEW_ROWS_OPTIONS: dict[str, Any] = {**AUTOTUNE_OPTIONS, "max_autotune_gemm_backends": "CPP"}

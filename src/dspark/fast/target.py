@@ -21,13 +21,8 @@ from typing import Any
 
 import torch
 
-from dspark.fast.compile import (
-    AUTOTUNE_OPTIONS,
-    FEW_ROWS,
-    FEW_ROWS_OPTIONS,
-    CompileUnavailable,
-    first_line,
-)
+import dspark.fast.compile as compiling
+from dspark.fast.compile import AUTOTUNE_OPTIONS, FEW_ROWS_OPTIONS, CompileUnavailable, first_line
 from dspark.fast.llama import LlamaStep, supports
 from dspark.hf_batch_cache import RequestKV, zero_padded
 from dspark.hf_target import HFTarget
@@ -61,7 +56,7 @@ def _graph_options(tokens: torch.Tensor, position_ids: torch.Tensor, past: torch
                    *rest: Any) -> dict[str, Any] | None:
     """The inductor settings of the graph a step on ``tokens`` [R, q] compiles beyond the CPU's
     own (:func:`~dspark.fast.compile.compile_step`): in bf16 one request's one token (plain
-    decoding) and its 2 … FEW_ROWS tokens (a short verification, the class :func:`_mark_rows`
+    decoding) and its 2 … :func:`~dspark.fast.compile.few_rows` tokens (a short verification, the class :func:`_mark_rows`
     bounds) run their products on the GEMM template, untimed (:func:`_template_rows`); in fp32
     one request's one token autotunes them; the rest run on oneDNN."""
     if _template_rows(tokens, past.dtype):
@@ -71,23 +66,25 @@ def _graph_options(tokens: torch.Tensor, position_ids: torch.Tensor, past: torch
 
 
 def _template_rows(tokens: torch.Tensor, dtype: torch.dtype) -> bool:
-    """One request's 1 … FEW_ROWS tokens [R, q] of a bf16 step: the rows whose products run on the
-    GEMM template (:func:`_graph_options`) in graphs of their own (:func:`_mark_rows`)."""
+    """One request's 1 … :func:`~dspark.fast.compile.few_rows` tokens [R, q] of a bf16 step: the
+    rows whose products run on the GEMM template (:func:`_graph_options`) in graphs of their own
+    (:func:`_mark_rows`)."""
     R, q = tokens.shape
-    return R == 1 and q <= FEW_ROWS and dtype == torch.bfloat16
+    return R == 1 and dtype == torch.bfloat16 and q <= compiling.few_rows()
 
 
 def _mark_rows(tokens: torch.Tensor, most: int, dtype: torch.dtype) -> None:
     """Bound the token count of one request's several-token graph, so that each set of kernels
     compiles one graph (a graph dynamic in q keeps the kernels it chose at its first size): in
-    bf16 2 … FEW_ROWS (the template's) or FEW_ROWS + 1 … ``most`` (the context limit: oneDNN's);
+    bf16 2 … few_rows() (the template's) or few_rows() + 1 … ``most`` (the context limit: oneDNN's);
     in fp32 every several-token product runs on oneDNN, so 2 … ``most`` is one graph."""
     R, q = tokens.shape
     if R == 1 and q > 1:
+        bound = compiling.few_rows()
         if _template_rows(tokens, dtype):
-            lo, hi = 2, FEW_ROWS
+            lo, hi = 2, bound
         else:
-            lo, hi = (FEW_ROWS + 1 if dtype == torch.bfloat16 else 2), max(most, q)
+            lo, hi = (bound + 1 if dtype == torch.bfloat16 else 2), max(most, q)
         torch._dynamo.mark_dynamic(tokens, 1, min=lo, max=hi)
 
 

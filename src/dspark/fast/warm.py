@@ -61,12 +61,12 @@ def warm_up(target: Any, drafter: Any, prompt: torch.Tensor, batch_sizes: Sequen
     sizes = tuple(dict.fromkeys(int(b) for b in batch_sizes))
     if not sizes or min(sizes) < 1:
         raise ValueError(f"batch_sizes must be positive request counts, got {list(batch_sizes)}")
-    from dspark.fast.compile import FEW_ROWS
+    from dspark.fast.compile import few_rows
 
     engines = []
     if drafter is not None:  # first: its rounds capture the drafter's layers, the union's graph
-        # a long verification and a short one (at most FEW_ROWS tokens: in bf16 a graph of its own)
-        for k in dict.fromkeys((drafter.gamma, min(drafter.gamma, FEW_ROWS - 1))):
+        # a long verification and a short one (at most few_rows() tokens: in bf16 a graph of its own)
+        for k in dict.fromkeys((drafter.gamma, min(drafter.gamma, few_rows() - 1))):
             engines.append(Engine(target, drafter, scheduler=get_scheduler("fixed", k=k),
                                   cost_model=cost_model, calibrator="identity"))
     engines.append(Engine(target, None, cost_model=cost_model))
