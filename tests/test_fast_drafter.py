@@ -164,8 +164,7 @@ def test_a_graph_that_fails_to_compile_runs_eager_in_one_sentence(caplog):
     def failing(**inputs):
         raise RuntimeError("LoweringException: an op inductor cannot lower")
 
-    runner._graphs = {name: (failing, outputs) for name, (_m, outputs) in
-                      {g.name: (g.module, g.outputs) for g in compiled.graph_specs(compiled, live=True)}.items()}
+    runner._graphs = {g.name: (failing, None, g.outputs) for g in compiled.graph_specs(compiled, live=True)}
     _assert_falls_back_to_eager(caplog, "dspark.drafters.loop", "LoweringException", compiled, eager, runner,
                                 contexts[0])
 
@@ -479,3 +478,88 @@ def test_grouped_attention_equals_attention_over_repeated_kv_heads(dtype):
     brute = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                            attn_mask=mask[:, None])
     assert torch.equal(attend(q, k, v, mask), brute)
+
+
+#: one request's rows of a draft graph's call, read from its inputs by hand (None: several requests)
+_ROWS_BY_HAND = {
+    "context": lambda x: x["features"].shape[0] if "features" in x else x["token_ids"].shape[0],
+    "fuse": lambda x: x["features"].shape[0],
+    "backbone": lambda x: x["positions"].shape[1] if x["positions"].shape[0] == 1 else None,
+    "step": lambda x: x["token_ids"].shape[1] if x["token_ids"].shape[0] == 1 else None,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bound", [2, 5])
+@pytest.mark.parametrize("dname", ["dspark:gated-markov", "eagle3"])
+def test_a_compiled_drafters_calls_take_the_gemm_template_by_their_rows(dname, bound, dtype, monkeypatch):
+    """Each compiled CPU draft graph call is compiled with the template's settings exactly where it
+    drafts for one request with at most few_rows() rows in bf16 (oneDNN elsewhere: several
+    requests, more rows, fp32), and its several-row axis is bounded to that class. The compile
+    is replaced by a recorder that reads inductor's settings as a compile would and runs the graph
+    eagerly; engine rounds at one and at two requests, with contexts long and short."""
+    import torch._inductor.config as inductor_config
+
+    from dspark.fast import compile as compiling
+
+    monkeypatch.setattr(compiling, "few_rows", lambda: bound)
+    seen = []
+
+    def recorder(module):
+        def run(**inputs):
+            ranges = {(name, r.dim): (r.min, r.max) for name, t in inputs.items()
+                      for r in getattr(t, "_dynamo_dynamic_range", ())}
+            seen.append((type(module).__name__, {k: tuple(v.shape) for k, v in inputs.items()},
+                         inductor_config.max_autotune_gemm_backends, ranges, inputs))
+            return module(**inputs)
+        return run
+
+    monkeypatch.setattr(compiling, "compile_step", lambda module, device, graph_options=None, **_: compiling._Patched(
+        recorder(module), compiling.CPU_OPTIONS, graph_options))
+    target = FastTarget(_model().to(dtype), path="packed")
+    drafter = _drafter(target, dname).to(dtype)
+    assert use_draft_runner(drafter, "compiled") == "compiled"
+    names = {type(g.module).__name__: g.name for g in drafter.graph_specs(drafter, live=True)}
+    _contexts(target, drafter)  # a late join: rounds of one and of two requests
+    default = compiling.AUTOTUNE_OPTIONS["max_autotune_gemm_backends"]
+    calls = {"template": 0, "oneDNN": 0}
+    for module, shapes, backends, ranges, inputs in seen:
+        graph = names[module]
+        rows = _ROWS_BY_HAND[graph](inputs)
+        template = dtype == torch.bfloat16 and rows is not None and rows <= bound
+        calls["template" if template else "oneDNN"] += 1
+        assert (backends == "CPP") == template, (graph, shapes, backends)
+        assert backends in ("CPP", default) or not template
+        if rows is not None and rows > 1:  # the row axis is bounded to its class
+            lo_hi = (2, bound) if template else (bound + 1 if dtype == torch.bfloat16 else 2, None)
+            assert ranges and all(lo == lo_hi[0] and (lo_hi[1] is None or hi == lo_hi[1])
+                                  for lo, hi in ranges.values()), (graph, shapes, ranges)
+        else:
+            assert not ranges, (graph, shapes, ranges)
+    assert calls["oneDNN"] > 0 and (calls["template"] > 0) == (dtype == torch.bfloat16), calls
+    assert drafter.loop.runner.path == "compiled"
+
+
+def test_a_compiled_bf16_drafter_runs_on_the_template_and_drafts_what_the_eager_one_does():
+    """The real compile: a bf16 drafter's graphs of one request's few rows on the GEMM template and
+    the rest on oneDNN, at one request and at two, without falling back to eager (the row bounds
+    hold for the real graphs), and its blocks' logits equal the eager bf16 drafter's to bf16's rounding."""
+    from dspark.fast.linear import bf16_packing_supported
+
+    if not bf16_packing_supported():
+        pytest.skip("this CPU's oneDNN has no bf16 products (no AVX-512 or AVX-NE-CONVERT): no bf16 compiled drafter")
+    target = FastTarget(_model().to(torch.bfloat16), path="packed")
+    eager = _drafter(target, "dspark:gated-markov").to(torch.bfloat16)
+    compiled = _drafter(target, "dspark:gated-markov").to(torch.bfloat16)
+    assert use_draft_runner(compiled, "compiled") == "compiled"
+    contexts = _contexts(target, eager)
+    assert {len(c.request_ids) for c in contexts} >= {1, 2}
+    with torch.inference_mode():
+        for context in contexts:
+            a, b = eager.draft(context), compiled.draft(context)
+            # a position's logits read the drafts before it: compare up to the first that differs
+            same = torch.cumprod((a.tokens == b.tokens).long(), 1)  # [R, γ]
+            upto = torch.cat([torch.ones_like(same[:, :1]), same[:, :-1]], 1).bool()  # [R, γ]
+            torch.testing.assert_close(b.draft_logits.float()[upto], a.draft_logits.float()[upto],
+                                       atol=0.15, rtol=0.05)
+    assert compiled.loop.runner.path == "compiled"

@@ -99,12 +99,13 @@ class TorchRunner:
 
     def run(self, graph: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self._graphs is None:
-            self._graphs = {g.name: (self._wrap(g.name, g.module), g.outputs)
+            self._graphs = {g.name: (*self._wrap(g), g.outputs)
                             for g in self.drafter.graph_specs(self.drafter, live=True)}
-        module, outputs = self._graphs[graph]
+        module, rows, outputs = self._graphs[graph]
         dev = self.device  # the loop builds small index tensors on the CPU; the modules may be on CUDA
+        inputs = {k: v.to(dev, non_blocking=True) for k, v in inputs.items()}
         try:
-            out = module(**{k: v.to(dev, non_blocking=True) for k, v in inputs.items()})
+            out = module(**(rows.mark(inputs) if rows is not None else inputs))
         except Exception as err:
             if not self.compiled:
                 raise
@@ -120,12 +121,19 @@ class TorchRunner:
             out = tuple(o.clone() for o in out)
         return dict(zip(outputs, out))
 
-    def _wrap(self, name: str, module: torch.nn.Module) -> Any:
-        if not self.compiled or (self.device.type == "cpu" and name in self.EAGER_ON_CPU):
-            return module
+    def _wrap(self, spec: Any) -> tuple[Any, Any]:
+        """The callable that runs graph ``spec`` and, compiled on a CPU, its
+        :class:`~dspark.fast.drafter.GraphRows` (which GEMM kernels a call's graph takes)."""
+        if not self.compiled or (self.device.type == "cpu" and spec.name in self.EAGER_ON_CPU):
+            return spec.module, None
         from dspark.fast.compile import compile_step
 
-        return compile_step(module, self.device)
+        if self.device.type != "cpu":
+            return compile_step(spec.module, self.device), None
+        from dspark.fast.drafter import GraphRows
+
+        rows = GraphRows(spec, self.dtype)
+        return compile_step(spec.module, self.device, graph_options=rows.options), rows
 
 
 class GraphCalls:

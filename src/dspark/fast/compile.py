@@ -39,7 +39,7 @@ import torch
 
 __all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "FEW_ROWS", "FEW_ROWS_OPTIONS", "CompileUnavailable", "check_compiler",
            "FEW_ROWS_AMX", "compile_step", "drop_weight_guards", "few_rows", "first_line",
-           "own_forward"]
+           "own_forward", "row_class", "template_rows"]
 
 
 class CompileUnavailable(RuntimeError):
@@ -178,6 +178,23 @@ def few_rows() -> int:
 #: where it applies, untimed (oneDNN where it does not: inductor's lowering of a packed bf16
 #: product keeps it; an fp32 product's lowering has no such fallback, hence bf16 only)
 FEW_ROWS_OPTIONS: dict[str, Any] = {**AUTOTUNE_OPTIONS, "max_autotune_gemm_backends": "CPP"}
+
+
+def template_rows(rows: int, dtype: torch.dtype) -> bool:
+    """Whether a compiled CPU graph of one request's ``rows`` rows runs its products on the GEMM
+    template (:data:`FEW_ROWS_OPTIONS`): in bf16, at most :func:`few_rows` rows."""
+    return dtype == torch.bfloat16 and rows <= few_rows()
+
+
+def row_class(rows: int, dtype: torch.dtype, most: int) -> tuple[int, int]:
+    """The row counts [lo, hi] of the graph class of one request's ``rows`` > 1 rows, for
+    ``torch._dynamo.mark_dynamic`` (which takes no open range: ``most`` bounds the largest class,
+    or ``rows`` where more). A graph dynamic in its row count keeps the kernels it chose at its
+    first size, so in bf16 the template's rows (2 … :func:`few_rows`) and oneDNN's (above) compile
+    graphs of their own; in fp32 every product is oneDNN's, one class."""
+    if template_rows(rows, dtype):
+        return 2, few_rows()
+    return (few_rows() + 1 if dtype == torch.bfloat16 else 2), max(most, rows)
 
 
 def _setter(config: Any, changes: Mapping[str, Any]) -> Callable[[], Callable[[], None]]:

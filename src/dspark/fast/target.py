@@ -70,21 +70,16 @@ def _template_rows(tokens: torch.Tensor, dtype: torch.dtype) -> bool:
     rows whose products run on the GEMM template (:func:`_graph_options`) in graphs of their own
     (:func:`_mark_rows`)."""
     R, q = tokens.shape
-    return R == 1 and dtype == torch.bfloat16 and q <= compiling.few_rows()
+    return R == 1 and compiling.template_rows(q, dtype)
 
 
 def _mark_rows(tokens: torch.Tensor, most: int, dtype: torch.dtype) -> None:
-    """Bound the token count of one request's several-token graph, so that each set of kernels
-    compiles one graph (a graph dynamic in q keeps the kernels it chose at its first size): in
-    bf16 2 … few_rows() (the template's) or few_rows() + 1 … ``most`` (the context limit: oneDNN's);
-    in fp32 every several-token product runs on oneDNN, so 2 … ``most`` is one graph."""
+    """Bound the token count of one request's several-token graph to its class
+    (:func:`~dspark.fast.compile.row_class`; oneDNN's up to ``most``, the context limit), so that
+    each set of kernels compiles one graph."""
     R, q = tokens.shape
     if R == 1 and q > 1:
-        bound = compiling.few_rows()
-        if _template_rows(tokens, dtype):
-            lo, hi = 2, bound
-        else:
-            lo, hi = (bound + 1 if dtype == torch.bfloat16 else 2), max(most, q)
+        lo, hi = compiling.row_class(q, dtype, most)
         torch._dynamo.mark_dynamic(tokens, 1, min=lo, max=hi)
 
 
