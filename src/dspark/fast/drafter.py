@@ -82,10 +82,10 @@ MOST_ROWS = 1 << 16
 
 class GraphRows:
     """A compiled CPU draft graph's GEMM kernels by call, as the target step's
-    (:class:`~dspark.fast.FastTarget`): a call of one request (its ``batch`` axis 1, or none) with
-    at most :func:`~dspark.fast.compile.few_rows` rows in bf16 runs its products on the GEMM
-    template, in a graph of its own; the rest keep oneDNN. A call's rows: the product of its
-    :data:`ROW_AXES` sizes. ``options`` is the call's ``graph_options``
+    (:class:`~dspark.fast.FastTarget`): a call whose ``batch`` axis is 1 (or that has none, such
+    as the context call, whose rows are every request's new positions packed) with at most
+    :func:`~dspark.fast.compile.few_rows` rows in bf16 runs its products on the GEMM template, in a
+    graph of its own; the rest keep oneDNN. A call's rows: the product of its :data:`ROW_AXES` sizes. ``options`` is the call's ``graph_options``
     (:func:`~dspark.fast.compile.compile_step`) and ``mark`` bounds its row axes to the class.
 
     ``spec``: the graph's :class:`~dspark.drafters.graphs.GraphSpec` (its inputs and dynamic axes).
@@ -97,7 +97,7 @@ class GraphRows:
         self.dtype = dtype
 
     def one_request_rows(self, inputs: Mapping[str, torch.Tensor]) -> int | None:
-        """The call's rows where it drafts for one request, else None."""
+        """The call's rows where its ``batch`` axis is 1 or absent, else None."""
         sizes = {axis: inputs[name].shape[dim] for name, dim, axis in self.axes if name in inputs}
         return math.prod(sizes.values()) if sizes.get("batch", 1) == 1 else None
 

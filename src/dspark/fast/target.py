@@ -56,9 +56,10 @@ def _graph_options(tokens: torch.Tensor, position_ids: torch.Tensor, past: torch
                    *rest: Any) -> dict[str, Any] | None:
     """The inductor settings of the graph a step on ``tokens`` [R, q] compiles beyond the CPU's
     own (:func:`~dspark.fast.compile.compile_step`): in bf16 one request's one token (plain
-    decoding) and its 2 … :func:`~dspark.fast.compile.few_rows` tokens (a short verification, the class :func:`_mark_rows`
-    bounds) run their products on the GEMM template, untimed (:func:`_template_rows`); in fp32
-    one request's one token autotunes them; the rest run on oneDNN."""
+    decoding) and its 2 … :func:`~dspark.fast.compile.few_rows` tokens (a short verification, the
+    class :func:`_mark_rows` bounds) run their products on the GEMM template, untimed
+    (:func:`_template_rows`); in fp32 one request's one token autotunes them; the rest run on
+    oneDNN."""
     if _template_rows(tokens, past.dtype):
         return FEW_ROWS_OPTIONS
     R, q = tokens.shape
