@@ -7,7 +7,8 @@ draft runner does the same for its graphs. Each compile takes seconds to minutes
 request to meet a class — in a server, the first time two requests overlap — stalls for that long.
 :func:`warm_up` runs the classes once at start-up instead: short greedy generations at each batch
 size, drafting every round at the drafter's full length and at a short one (the verification
-classes and the drafter's graphs) and then plainly (the one-token classes), on the serving
+classes and the drafter's graphs, on prompts of one, two and many tokens: the drafter's context
+calls of each row class) and then plainly (the one-token classes), on the serving
 engine's own target and drafter, and says how long it took and how many graphs it compiled. The
 per-request state it creates is released when the generations finish.
 """
@@ -71,10 +72,14 @@ def warm_up(target: Any, drafter: Any, prompt: torch.Tensor, batch_sizes: Sequen
                                   cost_model=cost_model, calibrator="identity"))
     engines.append(Engine(target, None, cost_model=cost_model))
     gamma = drafter.gamma if drafter is not None else 1
+    # the drafter ingests a prompt's positions in one context call: prompts of one, two and more
+    # than few_rows() tokens meet each of its row classes (dspark.fast.drafter.GraphRows)
+    long = prompt.repeat(-(-(few_rows() + 2) // max(prompt.numel(), 1)))
     t0, before = time.perf_counter(), _graphs_compiled()
     for engine in engines:
         for R in sizes:
-            engine.generate([prompt] * R, SamplingParams.greedy(), max_new_tokens=2 * gamma + 2, progress=False)
+            for ids in [prompt[:1], prompt[:2], long] if engine.drafter is not None else [prompt]:
+                engine.generate([ids] * R, SamplingParams.greedy(), max_new_tokens=2 * gamma + 2, progress=False)
     done = WarmUp(sizes, time.perf_counter() - t0, _graphs_compiled() - before)
     log.info("%s", done.reason)
     return done
