@@ -6,7 +6,7 @@ One short generation records the inputs each graph (context, backbone, head; Eag
 context, step) received in its last round; each graph is then timed alone on them (median of
 ``--repeats`` calls), eager and — with ``--compile`` — through torch.compile with weight freezing
 and the GEMM kernels the compiled draft runner gives that call (``--gemm runner``: the template for
-one request's few rows, :class:`dspark.fast.drafter.GraphRows`) or oneDNN for every product
+one request's few rows, :class:`dspark.fast.compile.GraphRows`) or oneDNN for every product
 (``--gemm onednn``). Prints one line per graph with its input shapes.
 """
 
@@ -21,8 +21,7 @@ import torch
 import dspark
 from dspark.drafters.loop import GraphCalls, TorchRunner
 from dspark.drafters.prune import parse_drafter_ref
-from dspark.fast.compile import compile_step
-from dspark.fast.drafter import GraphRows
+from dspark.fast.compile import GraphRows, compile_step
 from dspark.types import SamplingParams
 
 

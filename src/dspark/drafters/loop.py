@@ -123,14 +123,13 @@ class TorchRunner:
 
     def _wrap(self, spec: Any) -> tuple[Any, Any]:
         """The callable that runs graph ``spec`` and, compiled on a CPU, its
-        :class:`~dspark.fast.drafter.GraphRows` (which GEMM kernels a call's graph takes)."""
+        :class:`~dspark.fast.compile.GraphRows` (which GEMM kernels a call's graph takes)."""
         if not self.compiled or (self.device.type == "cpu" and spec.name in self.EAGER_ON_CPU):
             return spec.module, None
-        from dspark.fast.compile import compile_step
+        from dspark.fast.compile import GraphRows, compile_step
 
         if self.device.type != "cpu":
             return compile_step(spec.module, self.device), None
-        from dspark.fast.drafter import GraphRows
 
         rows = GraphRows(spec, self.dtype)
         return compile_step(spec.module, self.device, graph_options=rows.options), rows

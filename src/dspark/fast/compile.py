@@ -30,6 +30,7 @@ packed step, in one logged sentence, if a model's compile fails later.
 from __future__ import annotations
 
 import functools
+import math
 import types
 import warnings
 from collections.abc import Callable, Mapping
@@ -38,8 +39,8 @@ from typing import Any
 import torch
 
 __all__ = ["AUTOTUNE_OPTIONS", "CPU_OPTIONS", "FEW_ROWS", "FEW_ROWS_OPTIONS", "CompileUnavailable", "check_compiler",
-           "FEW_ROWS_AMX", "compile_step", "drop_weight_guards", "few_rows", "first_line",
-           "own_forward", "row_class", "template_rows"]
+           "FEW_ROWS_AMX", "ROW_AXES", "GraphRows", "compile_step", "drop_weight_guards", "few_rows",
+           "first_line", "own_forward", "row_class", "template_rows"]
 
 
 class CompileUnavailable(RuntimeError):
@@ -195,6 +196,58 @@ def row_class(rows: int, dtype: torch.dtype, most: int) -> tuple[int, int]:
     if template_rows(rows, dtype):
         return 2, few_rows()
     return (few_rows() + 1 if dtype == torch.bfloat16 else 2), max(most, rows)
+
+
+#: the dynamic axes of a draft graph's inputs (``GraphSpec.dynamic_axes``) that count the token
+#: rows its products multiply (``past`` counts the positions attention reads, not rows)
+ROW_AXES = ("batch", "new", "block")
+
+#: the largest row count of a draft graph's oneDNN class (mark_dynamic takes no open range): above
+#: any round's; a longer context ingest compiles a graph of its own
+MOST_ROWS = 1 << 16
+
+
+class GraphRows:
+    """A compiled CPU draft graph's GEMM kernels by call, as the target step's
+    (:class:`~dspark.fast.FastTarget`): a call whose ``batch`` axis is 1 (or that has none, such
+    as the context call, whose rows are every request's new positions packed) with at most
+    :func:`few_rows` rows in bf16 runs its products on the GEMM template, in a graph of its own;
+    the rest keep oneDNN. A call's rows: the product of its :data:`ROW_AXES` sizes. ``options`` is
+    the call's ``graph_options`` (:func:`compile_step`) and ``mark`` bounds its row axes to the
+    class.
+
+    ``spec``: the graph's :class:`~dspark.drafters.graphs.GraphSpec` (its inputs and dynamic axes).
+    """
+
+    def __init__(self, spec: Any, dtype: torch.dtype) -> None:
+        self.axes = [(name, dim, axis) for name, axes in spec.dynamic_axes.items() if name in spec.inputs
+                     for dim, axis in axes.items() if axis in ROW_AXES]  # (input, dim, axis name)
+        self.dtype = dtype
+
+    def one_request_rows(self, inputs: Mapping[str, torch.Tensor]) -> int | None:
+        """The call's rows where its ``batch`` axis is 1 or absent, else None."""
+        sizes = {axis: inputs[name].shape[dim] for name, dim, axis in self.axes if name in inputs}
+        return math.prod(sizes.values()) if sizes.get("batch", 1) == 1 else None
+
+    def options(self, **inputs: torch.Tensor) -> Mapping[str, Any] | None:
+        rows = self.one_request_rows(inputs)
+        return FEW_ROWS_OPTIONS if rows is not None and template_rows(rows, self.dtype) else None
+
+    def mark(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``inputs`` with one request's several-row axes bounded to the row class
+        (:func:`row_class`), marked on fresh views: the caller's tensors keep no mark. A graph
+        with two row axes beyond ``batch`` bounds each alone (no kind has one)."""
+        rows = self.one_request_rows(inputs)
+        if rows is None or rows < 2:
+            return inputs
+        lo, hi = row_class(rows, self.dtype, MOST_ROWS)
+        marked = dict(inputs)
+        for name, dim, axis in self.axes:
+            if axis != "batch" and name in marked and marked[name].shape[dim] > 1:
+                if marked[name] is inputs[name]:
+                    marked[name] = inputs[name].view(inputs[name].shape)
+                torch._dynamo.mark_dynamic(marked[name], dim, min=lo, max=hi)
+        return marked
 
 
 def _setter(config: Any, changes: Mapping[str, Any]) -> Callable[[], Callable[[], None]]:

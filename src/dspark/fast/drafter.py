@@ -20,9 +20,8 @@ one whose graph fails during its warm-up has fallen back to eager and is not tim
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -31,8 +30,8 @@ import torch
 if TYPE_CHECKING:
     from dspark.drafters.loop import GraphRunner
 
-__all__ = ["DRAFT_RUNNERS", "ROW_AXES", "DraftRunnerChoice", "GraphRows", "RunnerUnavailable",
-           "build_draft_runner", "choose_draft_runner", "use_draft_runner"]
+__all__ = ["DRAFT_RUNNERS", "DraftRunnerChoice", "RunnerUnavailable", "build_draft_runner",
+           "choose_draft_runner", "use_draft_runner"]
 
 log = logging.getLogger(__name__)
 
@@ -69,61 +68,6 @@ class DraftRunnerChoice:
         return {"runner": self.runner, "overhead_seconds": dict(self.overhead_seconds),
                 "compile_seconds": self.compile_seconds, "export_seconds": self.export_seconds,
                 "notes": list(self.notes)}
-
-
-#: the dynamic axes of a draft graph's inputs (``GraphSpec.dynamic_axes``) that count the token
-#: rows its products multiply (``past`` counts the positions attention reads, not rows)
-ROW_AXES = ("batch", "new", "block")
-
-#: the largest row count of a draft graph's oneDNN class (mark_dynamic takes no open range): above
-#: any round's; a longer context ingest compiles a graph of its own
-MOST_ROWS = 1 << 16
-
-
-class GraphRows:
-    """A compiled CPU draft graph's GEMM kernels by call, as the target step's
-    (:class:`~dspark.fast.FastTarget`): a call whose ``batch`` axis is 1 (or that has none, such
-    as the context call, whose rows are every request's new positions packed) with at most
-    :func:`~dspark.fast.compile.few_rows` rows in bf16 runs its products on the GEMM template, in a
-    graph of its own; the rest keep oneDNN. A call's rows: the product of its :data:`ROW_AXES` sizes. ``options`` is the call's ``graph_options``
-    (:func:`~dspark.fast.compile.compile_step`) and ``mark`` bounds its row axes to the class.
-
-    ``spec``: the graph's :class:`~dspark.drafters.graphs.GraphSpec` (its inputs and dynamic axes).
-    """
-
-    def __init__(self, spec: Any, dtype: torch.dtype) -> None:
-        self.axes = [(name, dim, axis) for name, axes in spec.dynamic_axes.items() if name in spec.inputs
-                     for dim, axis in axes.items() if axis in ROW_AXES]  # (input, dim, axis name)
-        self.dtype = dtype
-
-    def one_request_rows(self, inputs: Mapping[str, torch.Tensor]) -> int | None:
-        """The call's rows where its ``batch`` axis is 1 or absent, else None."""
-        sizes = {axis: inputs[name].shape[dim] for name, dim, axis in self.axes if name in inputs}
-        return math.prod(sizes.values()) if sizes.get("batch", 1) == 1 else None
-
-    def options(self, **inputs: torch.Tensor) -> Mapping[str, Any] | None:
-        from dspark.fast.compile import FEW_ROWS_OPTIONS, template_rows
-
-        rows = self.one_request_rows(inputs)
-        return FEW_ROWS_OPTIONS if rows is not None and template_rows(rows, self.dtype) else None
-
-    def mark(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``inputs`` with one request's several-row axes bounded to the row class
-        (:func:`~dspark.fast.compile.row_class`), marked on fresh views: the caller's tensors keep
-        no mark. A graph with two row axes beyond ``batch`` bounds each alone (no kind has one)."""
-        from dspark.fast.compile import row_class
-
-        rows = self.one_request_rows(inputs)
-        if rows is None or rows < 2:
-            return inputs
-        lo, hi = row_class(rows, self.dtype, MOST_ROWS)
-        marked = dict(inputs)
-        for name, dim, axis in self.axes:
-            if axis != "batch" and name in marked and marked[name].shape[dim] > 1:
-                if marked[name] is inputs[name]:
-                    marked[name] = inputs[name].view(inputs[name].shape)
-                torch._dynamo.mark_dynamic(marked[name], dim, min=lo, max=hi)
-        return marked
 
 
 def _check_names(runners: Iterable[str]) -> None:

@@ -73,7 +73,7 @@ def warm_up(target: Any, drafter: Any, prompt: torch.Tensor, batch_sizes: Sequen
     engines.append(Engine(target, None, cost_model=cost_model))
     gamma = drafter.gamma if drafter is not None else 1
     # the drafter ingests a prompt's positions in one context call: prompts of one, two and more
-    # than few_rows() tokens meet each of its row classes (dspark.fast.drafter.GraphRows)
+    # than few_rows() tokens meet each of its row classes (dspark.fast.compile.GraphRows)
     long = prompt.repeat(-(-(few_rows() + 2) // max(prompt.numel(), 1)))
     t0, before = time.perf_counter(), _graphs_compiled()
     for engine in engines:
