@@ -158,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     from dspark.autotune import Machine, measure_profile, profile_cost_model
     from dspark.checkpoints import DEFAULT_DRAFTER
     from dspark.drafters.checkpoint import from_pretrained
-    from dspark.drafters.prune import parse_drafter_ref
     from dspark.engine import Engine, encode_prompt
     from dspark.fast import build_target
     from dspark.fast.drafter import choose_draft_runner, use_draft_runner
@@ -189,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         runners[f"dspark_plain_{target.path}"] = engine_runner(Engine(target, None), args.max_new_tokens)
     best_step = args.speculative_step or ("packed" if "packed" in steps else steps[-1])
     target = build_target(model, tok, path=best_step)
-    drafter_name, draft_vocab = parse_drafter_ref(args.drafter or DEFAULT_DRAFTER)
-    drafter = from_pretrained(drafter_name, target, draft_vocab=draft_vocab)
+    drafter = from_pretrained(args.drafter or DEFAULT_DRAFTER, target)  # NAME or NAME:vocab=K
     context = round(statistics.mean(p.numel() for p in prompts)) + args.max_new_tokens // 2
     cost = profile_cost_model(measure_profile(target, context, range(1, drafter.gamma + 2)), dtype=args.dtype,
                               model=args.target, device=machine.cpu)

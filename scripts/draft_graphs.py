@@ -20,7 +20,6 @@ import torch
 
 import dspark
 from dspark.drafters.loop import GraphCalls, TorchRunner
-from dspark.drafters.prune import parse_drafter_ref
 from dspark.fast.compile import GraphRows, compile_step
 from dspark.types import SamplingParams
 
@@ -52,8 +51,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = dspark.load_target(args.target, getattr(torch, args.dtype))
-    name, draft_vocab = parse_drafter_ref(args.drafter)
-    drafter = dspark.from_pretrained(name, target=target, draft_vocab=draft_vocab)
+    drafter = dspark.from_pretrained(args.drafter, target=target)  # NAME or NAME:vocab=K
     engine = dspark.Engine(target, drafter, scheduler="sps-greedy")
     with GraphCalls(drafter.loop.runner, keep_inputs=True) as calls:  # the last round's inputs
         engine.generate([args.prompt], SamplingParams.greedy(), max_new_tokens=16, progress=False)

@@ -559,6 +559,38 @@ def test_report_writes_markdown_and_png(tmp_path):
     assert (tmp_path / "b.png").stat().st_size > 10_000
 
 
+def test_bench_on_the_compiled_step_drafts_on_the_raced_runner(tmp_path, monkeypatch):
+    """With the compiled target step, the bench times the drafter on the runner its start-up race
+    picked (as ``dspark serve`` runs it) and names that runner in bench.json and bench.md."""
+    import dspark.fast.drafter as fd
+    from dspark.bench.run import run_bench
+    from dspark.drafters.checkpoint import save_pretrained
+    from helpers import save_tiny_target
+
+    model = tiny_causal_lm(vocab_size=32, max_positions=256)
+    target_dir = save_tiny_target(tmp_path / "target", model)
+    torch.manual_seed(1)
+    drafter = dspark.get_drafter("dspark", target=HFTarget(model, None), gamma=3, head="vanilla-markov", rank=8,
+                                 num_layers=1)
+    folder = save_pretrained(drafter, tmp_path / "d")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"t{i} t{i + 1} t{i + 2}", "domain": "x"}) + "\n" for i in (1, 5)))
+    raced, real = [], fd.choose_draft_runner
+
+    def race(target, drafter, ids, cost, calibrator=None, **_):  # the eager runner alone: quick
+        raced.append(target.path)
+        return real(target, drafter, ids, cost, calibrator, candidates=("eager",), rounds=2)
+
+    monkeypatch.setattr(fd, "choose_draft_runner", race)
+    result = run_bench(out=str(tmp_path / "out"), model=str(target_dir), drafter=str(folder), dtype="float32",
+                       step="compiled", prompts=str(prompts), per_domain=2, concurrency=(1,), repeats=1,
+                       max_new_tokens=4, mode="measure", schedulers=("sps-greedy",), gate=("none",),
+                       gate_prior="none", profile_repeats=1, min_requests=1, quiet=True).result
+    assert raced == ["compiled"]
+    assert result["meta"]["path"] == "compiled" and result["meta"]["draft_runner"]["runner"] == "eager"
+    assert "(γ = 3, eager runner)" in (tmp_path / "out" / "bench.md").read_text()
+
+
 # -- the CLI on the real target ------------------------------------------------------------------
 
 

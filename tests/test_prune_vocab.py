@@ -113,6 +113,11 @@ def test_checkpoint_ranking_and_round_trip(target, tmp_path):
     assert read_token_ranking(folder, V) == [5, 7, 2, 9]
     cut = from_pretrained(folder, target, draft_vocab=3)
     assert cut.draft_ids.tolist() == [5, 7, 2, 5]  # last: the placeholder slot
+    # the same cut written as a reference, "FOLDER:vocab=K", and a reference that disagrees
+    assert from_pretrained(f"{folder}:vocab=3", target).draft_ids.tolist() == [5, 7, 2, 5]
+    assert from_pretrained(f"{folder}:vocab=2", target, draft_vocab=2).draft_ids.tolist() == [5, 7, 5]
+    with pytest.raises(ValueError, match="ask for different cuts"):
+        from_pretrained(f"{folder}:vocab=3", target, draft_vocab=2)
     with pytest.raises(ValueError, match="ranks 4 tokens; cannot keep 5"):
         from_pretrained(folder, target, draft_vocab=5)
     with pytest.raises(ValueError, match="needs the target"):

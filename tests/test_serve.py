@@ -425,3 +425,39 @@ def test_the_guides_client_example_runs(served, capsys):
     exec(compile(code, "docs/serve.md python block", "exec"), {"__name__": "doc_block"})
     assert capsys.readouterr().out.strip()
     _assert_no_leak(server, engine)
+
+
+def test_serve_runs_the_fastest_drafter_setup_on_the_compiled_step(tmp_path, monkeypatch):
+    """Where the start-up picks the compiled step, the served engine drafts with what
+    :func:`dspark.fast.drafter.fastest_drafter` set up (runner race, vocabulary-cut race), asked
+    with the drafter's ``:vocab=K`` and ``--no-vocab-cut`` as given; elsewhere with the folder's own."""
+    import dspark.fast.drafter as fd
+    from dspark.cli import build_parser
+    from dspark.drafters.checkpoint import save_pretrained
+    from dspark.drafters.prune import save_token_ranking
+    from dspark.serve.cli import build_engine
+
+    model, tok = _tiny(tmp_path / "target")
+    torch.manual_seed(1)
+    drafter = dspark.get_drafter("dspark", target=HFTarget(model, tok), gamma=4, head="vanilla-markov", rank=8,
+                                 num_layers=1)
+    folder = save_pretrained(drafter, tmp_path / "d")
+    save_token_ranking(folder, [list(range(31, -1, -1))], "test")
+    asked = []
+    real_setup, real_race = fd.fastest_drafter, fd.choose_draft_runner
+    # the runner race on the eager runner alone (the compiled and onnxruntime ones are tests/test_fast_drafter.py's)
+    monkeypatch.setattr(fd, "choose_draft_runner",
+                        lambda t, d, i, c, cal=None, **_: real_race(t, d, i, c, cal, candidates=("eager",), rounds=2))
+
+    def recorded(folder, target, ids, cost, verify_seconds, draft_vocab=None, race_cut=True):
+        asked.append((draft_vocab, race_cut, target.path, len(ids)))
+        return real_setup(folder, target, ids, cost, verify_seconds, draft_vocab=draft_vocab, race_cut=race_cut)
+
+    monkeypatch.setattr(fd, "fastest_drafter", recorded)
+    base = ["serve", "--target", str(tmp_path / "target"), "--dtype", "float32", "--port", "0"]
+    engine = build_engine(build_parser().parse_args([*base, "--drafter", f"{folder}:vocab=6", "--step", "compiled",
+                                                     "--no-vocab-cut"]))
+    assert asked == [(6, False, "compiled", 2)]
+    assert engine.target.path == "compiled" and engine.drafter.config.draft_vocab_size == 7
+    engine = build_engine(build_parser().parse_args([*base, "--drafter", str(folder), "--step", "packed"]))
+    assert len(asked) == 1 and engine.drafter.config.draft_vocab_size is None  # not compiled: no race

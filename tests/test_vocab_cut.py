@@ -131,18 +131,50 @@ def tiny_checkpoint(tmp_path_factory):
     return target, folder
 
 
+def _timed_overheads(monkeypatch, full_overhead: float) -> None:
+    """fastest_drafter's runner race on the eager runner alone, the full drafter's overhead set to
+    ``full_overhead`` seconds (the cut keeps its measured one, a few milliseconds)."""
+    import attrs
+
+    import dspark.fast.drafter as fd
+
+    real = fd.choose_draft_runner
+
+    def race(target, drafter, ids, cost, calibrator=None, **_):
+        choice = real(target, drafter, ids, cost, calibrator, candidates=("eager",), rounds=2)
+        own = choice.overhead_seconds["eager"] if drafter.config.draft_vocab_size else full_overhead
+        return attrs.evolve(choice, overhead_seconds={"eager": own})
+
+    monkeypatch.setattr(fd, "choose_draft_runner", race)
+
+
 @pytest.mark.parametrize("full_overhead,wins", [(10.0, True), (0.0, False)])
-def test_the_demo_races_the_recorded_cut(tiny_checkpoint, full_overhead, wins):
-    from dspark.demo import _race_vocab_cut
+def test_the_fastest_drafter_races_the_recorded_cut(tiny_checkpoint, monkeypatch, full_overhead, wins):
+    from dspark.fast.drafter import fastest_drafter
 
     target, folder = tiny_checkpoint
+    _timed_overheads(monkeypatch, full_overhead)
     ids = [torch.tensor([3, 5, 7, 3, 5]), torch.tensor([1, 2, 9, 4])]
-    record, won = _race_vocab_cut(folder, target, ids, FLAT, 1e-3, full_overhead)
+    setup = fastest_drafter(folder, target, ids, FLAT, 1e-3)
+    record = setup.vocab_race
     assert record["raced"] and record["draft_vocab"] == 12
-    assert (won is not None) == wins
+    assert setup.draft_vocab == (12 if wins else None)
     assert record["chosen"] == ("d:vocab=12" if wins else "d")
-    if wins:
-        drafter, runner, (ref, label, _, _) = won
-        assert ref == (folder, 12) and label == "d-vocab12"
-        assert drafter.config.draft_vocab_size == 13 and runner.runner in runner.overhead_seconds
+    assert (setup.drafter.config.draft_vocab_size == 13) == wins  # 12 tokens and the placeholder slot
+    assert setup.runner.runner == "eager" and setup.overhead_seconds == (record["overhead_cut"] if wins else full_overhead)
     assert f"{record['chosen']} drafts more tokens a second" in record["reason"]
+
+
+def test_the_fastest_drafter_races_no_cut_where_none_is_asked_for_or_recorded(tiny_checkpoint, monkeypatch, tmp_path):
+    from dspark.fast.drafter import fastest_drafter
+
+    target, folder = tiny_checkpoint
+    _timed_overheads(monkeypatch, 10.0)  # a cut raced would win
+    ids = [torch.tensor([3, 5, 7, 3, 5])]
+    asked = fastest_drafter(folder, target, ids, FLAT, 1e-3, draft_vocab=6)  # the user's own cut
+    assert asked.draft_vocab == 6 and asked.drafter.config.draft_vocab_size == 7 and asked.vocab_race is None
+    assert fastest_drafter(folder, target, ids, FLAT, 1e-3, race_cut=False).vocab_race is None
+    bare = save_pretrained(dspark.from_pretrained(folder, target), tmp_path / "bare")  # no vocab_cut.json
+    setup = fastest_drafter(bare, target, ids, FLAT, 1e-3)
+    assert setup.draft_vocab is None and not setup.vocab_race["raced"]
+    assert setup.vocab_race["reason"].startswith("vocabulary cut not raced: ")

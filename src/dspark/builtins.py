@@ -44,18 +44,12 @@ def neural_drafter_factory(kind: str):
     loads a trained one."""
     def factory(target: Any = None, checkpoint: Any = None, **config: Any):
         if checkpoint is not None:
-            from dspark.checkpoints import locate
-
             if config:  # a trained drafter's shape is its checkpoint's: nothing may be ignored silently
                 raise ValueError(
                     f"checkpoint= fixes the drafter's configuration (its block size γ included); "
                     f"{', '.join(sorted(config))} cannot be set with it")
 
-            from dspark.drafters.prune import parse_drafter_ref
-
-            name, draft_vocab = parse_drafter_ref(checkpoint)  # "NAME:vocab=K": the cut variant
-            checkpoint = locate(name)  # a folder, or a shipped drafter's name ("dspark-5l-xl")
-            drafter = from_pretrained(checkpoint, target, draft_vocab=draft_vocab)
+            drafter = from_pretrained(checkpoint, target)  # a folder, a shipped name, or "NAME:vocab=K"
             if drafter_kind(drafter.config.kind).family_name != drafter_kind(kind).family_name:
                 raise ValueError(f"{checkpoint} holds a {drafter.config.kind} drafter, not {kind}")
             return drafter

@@ -185,34 +185,6 @@ def _variant(folder, draft_vocab: int | None) -> tuple:
     return (folder, draft_vocab), variant_label(folder.name, draft_vocab), calibrator, calibration_label(calibrator, own)
 
 
-def _race_vocab_cut(folder, target, ids, cost, verify_seconds: float, overhead: float):
-    """The folder's measured vocabulary cut (:mod:`dspark.drafters.vocab_cut`) against the full
-    drafter: the cut's round overhead timed on its fastest runner, then the rule of
-    :func:`~dspark.drafters.vocab_cut.cut_pays` (τ from the record, the verification step of a
-    drafted round ``verify_seconds``, the full drafter's ``overhead``). → (what was decided, for the
-    report; (drafter, runner choice, :func:`_variant`) of the cut where it wins, else None)."""
-    from dspark.drafters.vocab_cut import cut_pays, raceable_cut
-    from dspark.fast.drafter import choose_draft_runner
-
-    cut, why_not = raceable_cut(folder)
-    if cut is None:
-        return {"raced": False, "reason": f"vocabulary cut not raced: {why_not}"}, None
-    variant = _variant(folder, cut.draft_vocab)
-    drafter = _load_drafter(variant[0], target)
-    runner = choose_draft_runner(target, drafter, ids, cost, variant[2])
-    cut_overhead = runner.overhead_seconds.get(runner.runner, float("inf"))
-    wins = cut_pays(cut, verify_seconds, overhead, cut_overhead)
-    pick = f"{folder.name}{cut.reference}" if wins else folder.name
-    reason = (f"vocabulary cut raced: {folder.name}{cut.reference} (τ {cut.tau_cut:.3f} vs {cut.tau_full:.3f} in its "
-              f"record) drafts a round {cut_overhead * 1e3:.1f} ms beyond a plain one on the {runner.runner} runner, "
-              f"the full drafter {overhead * 1e3:.1f} ms, beside a {verify_seconds * 1e3:.1f} ms verification: "
-              f"{pick} drafts more tokens a second")
-    record = {"raced": True, "draft_vocab": cut.draft_vocab, "tau_full": cut.tau_full, "tau_cut": cut.tau_cut,
-              "overhead_full": overhead, "overhead_cut": cut_overhead, "verify_seconds": verify_seconds,
-              "cut_runner": runner.to_dict(), "chosen": pick, "reason": reason}
-    return record, ((drafter, runner, variant) if wins else None)
-
-
 def _engine(model, tok, ref, calibrator, cost, scheduler="sps-greedy", gate=False, prior=None, step="packed",
             drafter=None):
     """An engine on a fresh target around ``model`` whose step runs on ``step`` (plain decoding
@@ -337,19 +309,14 @@ def run_demo(options: DemoOptions | None = None, /, **overrides: Any) -> DemoRes
     # (skipped in one sentence where it cannot run, e.g. a bf16 drafter)
     if "compiled" in race_paths(opts.step, opts.compile, opts.device):
         from dspark.fast import build_target
-        from dspark.fast.drafter import choose_draft_runner
+        from dspark.fast.drafter import fastest_drafter
 
         race_target = build_target(model, tok, path=choice.path)
-        drafter = _load_drafter(ref, race_target)
-        runner = choose_draft_runner(race_target, drafter, ids[:2], cost, calibrator)
-        log.info("%s", runner.reason)
-        overhead = runner.overhead_seconds[runner.runner]
-        if opts.vocab_cut and draft_vocab is None:  # the checkpoint's measured vocabulary cut races the full drafter
-            vocab_race, won = _race_vocab_cut(folder, race_target, ids[:2], cost, choice.profile[gamma + 1], overhead)
-            log.info("%s", vocab_race["reason"])
-            if won is not None:
-                drafter, runner, (ref, label, calibrator, calibration) = won
-                overhead = runner.overhead_seconds[runner.runner]
+        setup = fastest_drafter(folder, race_target, ids[:2], cost, choice.profile[gamma + 1], draft_vocab=draft_vocab,
+                                race_cut=opts.vocab_cut)
+        drafter, runner, vocab_race, overhead = setup.drafter, setup.runner, setup.vocab_race, setup.overhead_seconds
+        if setup.draft_vocab != draft_vocab:  # the cut won
+            ref, label, calibrator, calibration = _variant(folder, setup.draft_vocab)
     prior = GatePrior(survival, {1: overhead})
     spec_engine = _engine(model, tok, ref, calibrator, cost, scheduler=_scheduler(opts.scheduler), gate=opts.gate,
                           prior=prior, step=choice.path, drafter=drafter)

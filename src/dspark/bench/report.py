@@ -142,7 +142,9 @@ def bench_markdown(result: dict[str, Any]) -> str:
     rows, meta = result["rows"], result["meta"]
     lines = [f"# dspark bench: {meta['model']} ({meta['dtype']}) on {meta['device']}", "",
              f"Command: `{meta['command']}`", "",
-             f"Drafter {meta['drafter']} (γ = {meta['gamma']}), {meta['arrival']} arrivals"
+             f"Drafter {meta['drafter']} (γ = {meta['gamma']}"
+             + (f", {meta['draft_runner']['runner']} runner" if meta.get("draft_runner") else "")
+             + f"), {meta['arrival']} arrivals"
              + (f" at {meta['rate']} req/s" if meta.get("rate") else "")
              + f", {meta['max_new_tokens']} max new tokens, temperature {meta['temperature']}, "
              f"median of {meta['repeats']} measured repeat(s); cost model: {meta['cost_model']}. "

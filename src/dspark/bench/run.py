@@ -254,6 +254,11 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
                else measure_profile(target, opts, gamma, out / "profile.json", context,
                                      (round(mean_prompt), round(mean_prompt + opts.max_new_tokens))))
     cost = dspark.get_cost_model("sps-table", profile=profile)
+    runner = None
+    if getattr(target, "path", None) == "compiled" and opts.mode != "simulate":  # as dspark serve runs it
+        from dspark.fast.drafter import choose_draft_runner
+
+        runner = choose_draft_runner(target, drafter, ids[:2], cost, calibrator)  # logs its one line
     trace_path = Path(opts.traces) if opts.traces else out / "traces.json"
     rounds = None
 
@@ -343,7 +348,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     title = f"{opts.model} ({opts.dtype}), drafter {label}, " + (
         f"simulated: {sim_desc}" if opts.mode == "simulate" else device_name(target))
     meta = {"model": opts.model, "dtype": opts.dtype, "path": target.path, "device": device_name(target), "threads": torch.get_num_threads(),
-            "drafter": label, "gamma": gamma, "calibrated": calibrator is not None, "arrival": opts.arrival,
+            "drafter": label, "draft_runner": runner.to_dict() if runner is not None else None, "gamma": gamma, "calibrated": calibrator is not None, "arrival": opts.arrival,
             "rate": opts.rate, "max_new_tokens": opts.max_new_tokens, "temperature": opts.temperature,
             "repeats": opts.repeats, "prompts": len(ids), "concurrency": opts.concurrency,
             "schedulers": [s.label for s in specs], "gated": gated,

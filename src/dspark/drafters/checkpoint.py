@@ -69,10 +69,17 @@ def from_pretrained(path: str | Path, target: Any = None, draft_vocab: int | Non
     (:func:`dspark.checkpoints.shipped`, e.g. ``"dspark-5l-xl"``); with ``target``, check the
     checkpoint was made for it and bind it. ``draft_vocab`` K (needs ``target``): the named variant
     that drafts only the K most frequent tokens of the folder's ``token_ranking.json``
-    (:mod:`dspark.drafters.prune`). A folder's ``confidence.json`` becomes the drafter's
-    ``confidence_model`` (None without one), which :class:`dspark.Engine` uses by default."""
+    (:mod:`dspark.drafters.prune`), also written ``"NAME:vocab=K"`` in ``path``. A folder's
+    ``confidence.json`` becomes the drafter's ``confidence_model`` (None without one), which
+    :class:`dspark.Engine` uses by default."""
     from dspark.checkpoints import locate, shipped
+    from dspark.drafters.prune import parse_drafter_ref
 
+    if not Path(path).exists():  # "NAME:vocab=K" (a folder of that name is read as the folder)
+        path, ref_vocab = parse_drafter_ref(str(path))
+        if ref_vocab is not None and draft_vocab not in (None, ref_vocab):
+            raise ValueError(f"{path}:vocab={ref_vocab} and draft_vocab={draft_vocab} ask for different cuts")
+        draft_vocab = ref_vocab if ref_vocab is not None else draft_vocab
     path = locate(path)
     if not Path(path).exists():
         raise CheckpointError(f"{path} does not exist: neither a checkpoint folder nor a shipped drafter "

@@ -15,6 +15,10 @@ round beyond a plain one, on the cost model's clock) after a warm-up pass of tha
 keeps the fastest and says so in one line. A candidate that cannot run here (no compiler, a bf16
 drafter for ONNX Runtime, a graph that does not export) is skipped with one sentence saying why;
 one whose graph fails during its warm-up has fallen back to eager and is not timed under its name.
+
+:func:`fastest_drafter` is what every command that serves a checkpoint runs where the target's step
+is compiled (``dspark demo``, ``serve``, ``bench``): the runner race, and the race of the folder's
+measured vocabulary cut against the full drafter (:mod:`dspark.drafters.vocab_cut`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -30,8 +35,8 @@ import torch
 if TYPE_CHECKING:
     from dspark.drafters.loop import GraphRunner
 
-__all__ = ["DRAFT_RUNNERS", "DraftRunnerChoice", "RunnerUnavailable", "build_draft_runner",
-           "choose_draft_runner", "use_draft_runner"]
+__all__ = ["DRAFT_RUNNERS", "DraftRunnerChoice", "DrafterSetup", "RunnerUnavailable", "build_draft_runner",
+           "choose_draft_runner", "fastest_drafter", "use_draft_runner"]
 
 log = logging.getLogger(__name__)
 
@@ -187,3 +192,62 @@ def choose_draft_runner(target: Any, drafter: Any, ids: Sequence[torch.Tensor], 
     choice = DraftRunnerChoice(best, measured, compile_seconds, tuple(notes), export_seconds)
     log.info(choice.reason)
     return choice
+
+
+@attrs.frozen
+class DrafterSetup:
+    """A checkpoint's drafter as :func:`fastest_drafter` set it up: the drafter (on its runner),
+    the ``:vocab=K`` it drafts with (None: the full vocabulary), the calibrator of its confidence
+    logits (None where its confidence model calibrates itself), the runner race, and what the
+    vocabulary-cut race decided (None where none was run)."""
+
+    drafter: Any
+    draft_vocab: int | None
+    calibrator: Any
+    runner: DraftRunnerChoice
+    vocab_race: dict[str, Any] | None = None
+
+    @property
+    def overhead_seconds(self) -> float:
+        """The measured round overhead on the chosen runner (seconds beyond a plain round, R = 1)."""
+        return self.runner.overhead_seconds.get(self.runner.runner, 0.0)
+
+
+def fastest_drafter(folder: Any, target: Any, ids: Sequence[torch.Tensor], cost_model: Any,
+                    verify_seconds: float, draft_vocab: int | None = None, race_cut: bool = True) -> DrafterSetup:
+    """Checkpoint ``folder``'s drafter for ``target`` as it drafts fastest here, timed on prompts
+    ``ids`` at one request: its graphs on the fastest runner (:func:`choose_draft_runner`), and —
+    with ``race_cut``, no ``draft_vocab`` asked for, and a measured cut recorded beside the weights
+    (:func:`~dspark.drafters.vocab_cut.raceable_cut`) — the cut, on its own fastest runner, where
+    :func:`~dspark.drafters.vocab_cut.cut_pays` says it drafts more tokens a second beside a
+    verification step of ``verify_seconds``. The decision is logged in one line."""
+    from dspark.drafters.checkpoint import from_pretrained
+    from dspark.drafters.vocab_cut import cut_pays, raceable_cut
+    from dspark.evaluation.drafter_specs import folder_calibrator
+
+    def setup(vocab: int | None) -> DrafterSetup:
+        drafter = from_pretrained(folder, target, draft_vocab=vocab)
+        calibrator = folder_calibrator(folder, vocab)
+        return DrafterSetup(drafter, vocab, calibrator, choose_draft_runner(target, drafter, ids, cost_model, calibrator))
+
+    full = setup(draft_vocab)
+    if draft_vocab is not None or not race_cut:
+        return full
+    name = Path(folder).name
+    cut, why_not = raceable_cut(folder)
+    if cut is None:
+        return attrs.evolve(full, vocab_race={"raced": False, "reason": f"vocabulary cut not raced: {why_not}"})
+    variant = setup(cut.draft_vocab)
+    cut_overhead = variant.runner.overhead_seconds.get(variant.runner.runner, float("inf"))  # untimed: never wins
+    wins = cut_pays(cut, verify_seconds, full.overhead_seconds, cut_overhead)
+    pick = f"{name}{cut.reference}" if wins else name
+    reason = (f"vocabulary cut raced: {name}{cut.reference} (τ {cut.tau_cut:.3f} vs {cut.tau_full:.3f} in its "
+              f"record) drafts a round {cut_overhead * 1e3:.1f} ms beyond a plain one on the "
+              f"{variant.runner.runner} runner, the full drafter {full.overhead_seconds * 1e3:.1f} ms, beside a "
+              f"{verify_seconds * 1e3:.1f} ms verification: {pick} drafts more tokens a second")
+    log.info("%s", reason)
+    record = {"raced": True, "draft_vocab": cut.draft_vocab, "tau_full": cut.tau_full, "tau_cut": cut.tau_cut,
+              "overhead_full": full.overhead_seconds, "overhead_cut": cut_overhead,
+              "verify_seconds": verify_seconds, "cut_runner": variant.runner.to_dict(), "chosen": pick,
+              "reason": reason}
+    return attrs.evolve(variant if wins else full, vocab_race=record)

@@ -17,8 +17,9 @@ __all__ = ["add_args", "build_engine", "run"]
 
 log = logging.getLogger("dspark.serve")
 
-# option dests reused from `dspark demo` (the drafter as NAME|DIR, the scheduler spec) and `dspark generate`
-_FROM_DEMO = ("drafter", "scheduler")
+# option dests reused from `dspark demo` (the drafter as NAME|DIR, the scheduler spec, the vocabulary-cut
+# race) and `dspark generate`
+_FROM_DEMO = ("drafter", "scheduler", "vocab_cut")
 _FROM_GENERATE = ("model", "dtype", "step", "compile", "gate", "device", "seed")
 
 
@@ -87,6 +88,12 @@ def build_engine(args: argparse.Namespace) -> Any:
         import dspark
 
         drafter = dspark.get_drafter("ngram", vocab_size=target.vocab_size, gamma=gamma)
+    elif getattr(target, "path", None) == "compiled":  # the drafter's runner and vocabulary cut race too
+        from dspark.fast.drafter import fastest_drafter
+
+        setup = fastest_drafter(folder, target, _timing_prompts(tok), choice.cost_model(args.model),
+                                choice.profile[gamma + 1], draft_vocab=draft_vocab, race_cut=args.vocab_cut)
+        drafter, calibrator = setup.drafter, setup.calibrator
     else:
         from dspark.drafters.checkpoint import from_pretrained
         from dspark.evaluation.drafter_specs import folder_calibrator
@@ -101,6 +108,16 @@ def build_engine(args: argparse.Namespace) -> Any:
 
         warm_up(target, drafter, engine.encode("Hello"), cost_model=engine.cost_model)
     return engine
+
+
+def _timing_prompts(tok: Any) -> list[Any]:
+    """Two of the shipped evaluation prompts, encoded: what the start-up times draft rounds on."""
+    from dspark.data.natural.common import SHIPPED_EVAL
+    from dspark.data.prompts import prompt_request
+    from dspark.engine import encode_prompt
+    from dspark.evaluation.inputs import eval_prompts
+
+    return [encode_prompt(tok, prompt_request(p)) for p in eval_prompts(str(SHIPPED_EVAL), 1)[:2]]
 
 
 def _checkpoint_gamma(folder: Any) -> int:
