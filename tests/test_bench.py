@@ -591,6 +591,36 @@ def test_bench_on_the_compiled_step_drafts_on_the_raced_runner(tmp_path, monkeyp
     assert "(γ = 3, eager runner)" in (tmp_path / "out" / "bench.md").read_text()
 
 
+def test_a_bench_resumes_only_from_the_same_inputs(tmp_path, capsys):
+    """Results recorded under OUT for other inputs (or without a record of them) are refused in one
+    sentence, exit 2, before any model loads; the record is what the run was given."""
+    from dspark.bench.run import PROVENANCE_NAME
+    from dspark.checkpoints import DEFAULT_DRAFTER
+    from dspark.cli import main
+
+    out = tmp_path / "out"
+    (out / "runs").mkdir(parents=True)
+    (out / "runs" / "r0-c1-plain.json").write_text("{}")
+    args = ["bench", "--out", str(out), "--target", str(tmp_path / "no-model"), "--max-new-tokens", "12", "-q"]
+    assert main(args) == 2  # runs recorded, no record of their inputs
+    err = capsys.readouterr().err
+    assert f"has no record of what it was computed from ({PROVENANCE_NAME} is missing)" in err and "--fresh" in err
+    assert err.count("\n") == 1
+    # --fresh redoes the bench: this run's inputs are recorded (the target folder is missing: exit 2 after)
+    assert main([*args, "--fresh"]) == 2
+    assert "no-model" in capsys.readouterr().err
+    recorded = json.loads((out / PROVENANCE_NAME).read_text())
+    assert recorded["max_new_tokens"] == 12 and recorded["model"] == str(tmp_path / "no-model")
+    assert main(args) == 2 and "no-model" in capsys.readouterr().err  # the same inputs: resumed, up to the load
+    assert main([*args[:-2], "13", "-q"]) == 2  # another --max-new-tokens over the same runs
+    assert "was computed with max_new_tokens = 12, this run has 13" in capsys.readouterr().err
+    (out / PROVENANCE_NAME).write_text(json.dumps({**recorded, "drafter": "elsewhere"}))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"was computed with drafter = 'elsewhere', this run has {DEFAULT_DRAFTER!r}" in err and err.count("\n") == 1
+    assert json.loads((out / PROVENANCE_NAME).read_text())["drafter"] == "elsewhere"  # a refused run records nothing
+
+
 # -- the CLI on the real target ------------------------------------------------------------------
 
 

@@ -168,6 +168,41 @@ def _requests_at(args: Any, c: int) -> int:
     return args.requests_per_level or max(2 * c, args.min_requests)
 
 
+#: what every result a bench records under OUT was computed from (runs/, profile.json, traces.json,
+#: gate_prior.json): a re-run resumes only from the same inputs
+PROVENANCE_NAME = "bench.provenance.json"
+
+
+def _check_recorded(opts: BenchOptions, out: Path, prompts: list[Any]) -> None:
+    """Refuse (:class:`~dspark.provenance.ProvenanceError`, one sentence naming the first input
+    that differs) to resume from results recorded under ``out`` for other inputs, then record this
+    run's. Each level's runs are files of their own (by repeat, concurrency and scheduler), so the
+    levels and schedulers may change between runs; what every result depends on may not."""
+    from dspark.evaluation.drafter_specs import check_drafter_spec
+    from dspark.evaluation.inputs import prompt_keys_digest
+    from dspark.provenance import check, files_digest, record
+
+    def digest(path: str | None) -> str | None:
+        return files_digest(path) if path and Path(path).is_file() else path
+
+    provenance = {
+        "model": opts.model, "dtype": opts.dtype, "step": opts.step, "device": opts.device, "threads": opts.threads,
+        "drafter": opts.drafter, "checkpoint_digest": check_drafter_spec(opts.drafter),
+        "calibration": digest(opts.calibration), "prompts": digest(opts.prompts) or "shipped",
+        "prompt_keys": prompt_keys_digest(prompts), "max_new_tokens": opts.max_new_tokens,
+        "temperature": opts.temperature, "arrival": opts.arrival, "rate": opts.rate, "seed": opts.seed,
+        "requests_per_level": opts.requests_per_level, "min_requests": opts.min_requests,
+        "profile": digest(opts.profile), "profile_context": opts.profile_context,
+        "profile_repeats": opts.profile_repeats, "traces": digest(opts.traces), "gate_prior": digest(opts.gate_prior)}
+    runs = out / "runs"
+    recorded = (runs.is_dir() and any(runs.iterdir())) or any(
+        (out / name).is_file() for name in ("profile.json", "traces.json", "gate_prior.json"))
+    if recorded and not opts.fresh:
+        check(out / PROVENANCE_NAME, provenance, f"the bench recorded in {out}",
+              "pass --fresh to redo it, or choose another --out")
+    record(out / PROVENANCE_NAME, provenance)
+
+
 def replot_bench(out: str | Path) -> Path:
     """Redraw ``bench.png`` and ``bench.md`` of a finished run from ``out/bench.json`` (its ratios
     recomputed from the recorded runs, so an older file gets today's tables); the PNG's path."""
@@ -229,6 +264,8 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
     out = Path(opts.out)
     specs = parse_scheduler_specs(opts.schedulers or ())
     check_lossless(specs)  # an unknown or lossy scheduler fails before the model loads
+    prompts = eval_prompts(opts.prompts, opts.per_domain)
+    _check_recorded(opts, out, prompts)  # a resume from other inputs is refused before the model loads
     if opts.threads:
         torch.set_num_threads(opts.threads)
     target = load_target(opts.model, getattr(torch, opts.dtype), device=opts.device, path=opts.step)
@@ -243,7 +280,6 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
         check_lossless(specs)
     gate = ["sps-greedy"] if opts.gate is None else [g for g in opts.gate if g != "none"]
     gated = [s.label for s in specs if not s.plain and (s.label in gate or s.name in gate)]
-    prompts = eval_prompts(opts.prompts, opts.per_domain)
     ids = [encode_prompt(getattr(target, "tokenizer", None), prompt_request(p)) for p in prompts]
     sampling = SamplingParams.greedy() if opts.temperature == 0 else SamplingParams.random(opts.temperature)
     # Verification cost grows with the KV length: profile at the workload's mean context unless
@@ -264,7 +300,7 @@ def run_bench(options: BenchOptions | None = None, /, **overrides: Any) -> Bench
 
     def traces_recorded() -> Any:  # rounds with every position verified, recorded once
         nonlocal rounds
-        if rounds is None and trace_path.is_file():
+        if rounds is None and trace_path.is_file() and (opts.traces or not opts.fresh):
             rounds = Rounds.from_dict(json.loads(trace_path.read_text()))
         elif rounds is None:
             rounds = collect_rounds(target, drafter, prompts, sampling, max_new_tokens=opts.max_new_tokens,

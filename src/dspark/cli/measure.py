@@ -172,7 +172,8 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
         "Serve a workload at several concurrency levels with each scheduler (plain decoding, fixed k, "
         "threshold, sps-greedy, plugin schedulers) and report throughput, per-user rate, τ, ℓ̄, B and "
         "latency percentiles (JSON, Markdown, PNG); measured here and/or simulated from acceptance "
-        "traces against a cost model (measured profile or an H200/H100 roofline). Re-running resumes."
+        "traces against a cost model (measured profile or an H200/H100 roofline). Re-running with the same inputs "
+        "resumes (OUT/bench.provenance.json; other inputs over recorded runs are refused: --fresh redoes them)."
     )
     add_arguments(p, BenchOptions)
     p.add_argument("--replot", action="store_true", help="only redraw bench.png / bench.md from OUT/bench.json")
