@@ -81,6 +81,7 @@ def build_engine(args: argparse.Namespace) -> Any:
     choice, target = choose_dtype(model, tok, context=context, gamma=0 if args.drafter == "none" else gamma,
                                   dtype=args.dtype, paths=race_paths(args.step, args.compile, args.device))
     log.info("%s", choice.reason)
+    cost = choice.cost_model(args.model)
     calibrator = None
     if args.drafter == "none":
         drafter = None
@@ -91,8 +92,8 @@ def build_engine(args: argparse.Namespace) -> Any:
     elif getattr(target, "path", None) == "compiled":  # the drafter's runner and vocabulary cut race too
         from dspark.fast.drafter import fastest_drafter
 
-        setup = fastest_drafter(folder, target, _timing_prompts(tok), choice.cost_model(args.model),
-                                choice.profile[gamma + 1], draft_vocab=draft_vocab, race_cut=args.vocab_cut)
+        setup = fastest_drafter(folder, target, _timing_prompts(tok), cost, choice.profile[gamma + 1],
+                                draft_vocab=draft_vocab, race_cut=args.vocab_cut)
         drafter, calibrator = setup.drafter, setup.calibrator
     else:
         from dspark.drafters.checkpoint import from_pretrained
@@ -100,7 +101,7 @@ def build_engine(args: argparse.Namespace) -> Any:
 
         drafter = from_pretrained(folder, target, draft_vocab=draft_vocab)
         calibrator = folder_calibrator(folder, draft_vocab)  # None under a calibrated confidence.json
-    engine = Engine(target, drafter, scheduler=scheduler, cost_model=choice.cost_model(args.model),
+    engine = Engine(target, drafter, scheduler=scheduler, cost_model=cost,
                     calibrator=calibrator or "identity", seed=args.seed,
                     draft_gate=DraftGate() if args.gate and drafter is not None else None)
     if getattr(target, "path", None) == "compiled":  # compile every shape class now, not mid-request
