@@ -165,7 +165,8 @@ def test_the_fastest_drafter_races_the_recorded_cut(tiny_checkpoint, monkeypatch
     assert f"{record['chosen']} drafts more tokens a second" in record["reason"]
 
 
-def test_the_fastest_drafter_races_no_cut_where_none_is_asked_for_or_recorded(tiny_checkpoint, monkeypatch, tmp_path):
+def test_the_fastest_drafter_races_no_cut_where_none_is_asked_for_or_recorded(tiny_checkpoint, monkeypatch, tmp_path,
+                                                                              caplog):
     from dspark.fast.drafter import fastest_drafter
 
     target, folder = tiny_checkpoint
@@ -175,6 +176,8 @@ def test_the_fastest_drafter_races_no_cut_where_none_is_asked_for_or_recorded(ti
     assert asked.draft_vocab == 6 and asked.drafter.config.draft_vocab_size == 7 and asked.vocab_race is None
     assert fastest_drafter(folder, target, ids, FLAT, 1e-3, race_cut=False).vocab_race is None
     bare = save_pretrained(dspark.from_pretrained(folder, target), tmp_path / "bare")  # no vocab_cut.json
-    setup = fastest_drafter(bare, target, ids, FLAT, 1e-3)
+    with caplog.at_level("INFO", logger="dspark.fast.drafter"):
+        setup = fastest_drafter(bare, target, ids, FLAT, 1e-3)
     assert setup.draft_vocab is None and not setup.vocab_race["raced"]
     assert setup.vocab_race["reason"].startswith("vocabulary cut not raced: ")
+    assert setup.vocab_race["reason"] in caplog.messages  # the start-up log says why, in one line

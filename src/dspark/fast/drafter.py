@@ -236,7 +236,9 @@ def fastest_drafter(folder: Any, target: Any, ids: Sequence[torch.Tensor], cost_
     name = Path(folder).name
     cut, why_not = raceable_cut(folder)
     if cut is None:
-        return attrs.evolve(full, vocab_race={"raced": False, "reason": f"vocabulary cut not raced: {why_not}"})
+        reason = f"vocabulary cut not raced: {why_not}"
+        log.info("%s", reason)
+        return attrs.evolve(full, vocab_race={"raced": False, "reason": reason})
     variant = setup(cut.draft_vocab)
     cut_overhead = variant.runner.overhead_seconds.get(variant.runner.runner, float("inf"))  # untimed: never wins
     wins = cut_pays(cut, verify_seconds, full.overhead_seconds, cut_overhead)
