@@ -304,3 +304,73 @@ def test_a_curve_without_its_own_overhead_reads_the_main_one():
                               "context": 64, "contexts": [{"context": 256, "points": FLAT20}]})
     assert [a for _, a in p.overhead_curves()] == [((1, 0.0), (4, 0.003))] * 2
     assert SPSTableCostModel(p).at_context(256).batch_overhead_seconds(4) == pytest.approx(0.003)
+
+
+# -- plain decoding's steps, timed back to back ----------------------------------------------------
+
+PLAIN = [{"context": 64, "num_requests": 1, "step_seconds": 0.008}, {"context": 64, "num_requests": 4, "step_seconds": 0.011},
+         {"context": 256, "num_requests": 1, "step_seconds": 0.016}, {"context": 256, "num_requests": 4, "step_seconds": 0.019}]
+
+
+def test_plain_steps_round_trip_and_are_read_in_r_and_in_the_context():
+    """The profile's back-to-back plain steps: linear in R between the timed R (the last slope
+    beyond), linear in the context between curves; what the gate and the forecast compare drafting
+    with, and k = 0 of the fixed-length rates."""
+    from dspark.cost_models import fixed_length_rates, plain_step_seconds
+
+    p = SPSProfile.from_json({**BASE, "points": FLAT10, "context": 64, "contexts": [{"context": 256, "points": FLAT20}],
+                              "plain_steps": PLAIN})
+    assert SPSProfile.from_json(p.to_dict()) == p and p.to_dict()["plain_steps"] == PLAIN
+    cm = SPSTableCostModel(p)
+    assert cm.plain_step_seconds(1) == pytest.approx(0.008)  # unbound: the profile's own context
+    assert cm.plain_step_seconds(2) == pytest.approx(0.009)
+    assert cm.plain_step_seconds(7) == pytest.approx(0.014)  # beyond R = 4: the last slope
+    assert cm.at_context(160).plain_step_seconds(4) == pytest.approx(0.015)
+    assert plain_step_seconds(cm.at_context(256), 1) == pytest.approx(0.016)
+    rates = fixed_length_rates([1.0, 0.5], cm, 1)
+    assert rates[0] == pytest.approx(1 / 0.008) and rates[1] == pytest.approx(2 / 0.010)
+    without = SPSTableCostModel(SPSProfile.from_json({**BASE, "points": FLAT10}))  # t(B₀) + α(R), as before
+    assert without.plain_step_seconds(3) == pytest.approx(0.010) == plain_step_seconds(without, 3)
+    assert "plain_steps" not in without.profile.to_dict()
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([{"context": 64, "num_requests": 0, "step_seconds": 0.01}], r"plain_steps\[0\]\.num_requests must be an integer >= 1"),
+    ([{"context": 64, "num_requests": 1, "step_seconds": -1}], r"plain_steps\[0\]\.step_seconds must be a finite number > 0"),
+    ([{"context": "x", "num_requests": 1, "step_seconds": 0.01}], r"plain_steps\[0\]\.context must be an integer >= 0"),
+    ([{"context": 64, "num_requests": 1}], r"plain_steps\[0\] must be \{context, num_requests, step_seconds\}"),
+    ([PLAIN[0], PLAIN[0]], r"plain_steps\[1\] repeats context 64, num_requests 1"),
+    ([[64, 1]], r"plain_steps\[0\] must be a \(context, num_requests, step_seconds\) triple"),
+])
+def test_bad_plain_steps_are_one_sentence(bad, match):
+    with pytest.raises(ProfileError, match=match):
+        SPSProfile.from_json({**BASE, "points": FLAT10, "plain_steps": bad})
+
+
+def test_time_profile_times_plain_steps_back_to_back_in_the_same_sweeps():
+    """``time_profile`` on a tiny target: every (context, R, 1 + ℓ) after another shape as before,
+    and per (context, R) runs of ``plain_run`` one-token steps in a row (counted on the target),
+    interleaved with the shapes; the profile records them and the sps-table model reads them."""
+    from dspark.profiling import profile_from_shapes, time_profile
+
+    target = HFTarget(tiny_causal_lm(vocab_size=64, max_positions=256))
+    calls = []
+    verify = target.verify
+
+    def counting(ids, tokens, lengths):
+        calls.append((len(ids), tokens.shape[1]))
+        return verify(ids, tokens, lengths)
+
+    target.verify = counting
+    times, plain = time_profile(target, [1, 2], [1, 3], [16, 48], repeats=2, progress=False, plain_run=3)
+    assert set(times) == {(c, r, w) for c in (16, 48) for r in (1, 2) for w in (1, 3)}
+    assert set(plain) == {(c, r) for c in (16, 48) for r in (1, 2)} and all(s > 0 for s in plain.values())
+    # per context: 3 sweeps (a warm-up and 2 timed) × (4 shapes once + 2 plain runs of 3 steps)
+    assert len(calls) == 2 * 3 * (4 + 2 * 3)
+    runs = sum(1 for i in range(len(calls) - 2) if calls[i] == calls[i + 1] == calls[i + 2] and calls[i][1] == 1)
+    assert runs >= 2 * 3 * 2  # every plain run is three one-token steps of the same R in a row
+    prof = profile_from_shapes(times, model="tiny", dtype="float32", device="test", repeats=2, plain=plain)
+    assert {(c, r) for c, r, _ in prof.plain_steps} == set(plain) and "plain_steps" in prof.notes
+    cm = SPSTableCostModel(prof, fit="none")  # as measured (the monotone fit would pool a fall)
+    assert cm.at_context(48).plain_step_seconds(2) == pytest.approx(plain[48, 2])
+    assert time_profile(target, [1], [1], [16], repeats=1, progress=False, plain_run=0)[1] == {}

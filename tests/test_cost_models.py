@@ -576,6 +576,7 @@ def test_profile_cli_writes_a_profile_the_sps_table_reads(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["accounting"] == "padded" and data["dtype"] == "float32" and data["threads"] >= 1
     assert [p["batch_size"] for p in data["points"]] == [1, 2, 3, 6]  # B = R · (1 + ℓ)
+    assert {(p["context"], p["num_requests"]) for p in data["plain_steps"]} == {(c, r) for c in (16, 40) for r in (1, 2)}
     shapes = json.loads(out.with_suffix(".shapes.json").read_text())
     assert {(s["context"], s["requests"], s["tokens_per_request"]) for s in shapes} == {
         (c, r, w) for c in (16, 40) for r in (1, 2) for w in (1, 3)}
@@ -583,7 +584,8 @@ def test_profile_cli_writes_a_profile_the_sps_table_reads(tmp_path, capsys):
     assert float(cost.step_seconds(torch.tensor([6]))[0]) > 0
     floor = json.loads(out.with_suffix(".floor.json").read_text())
     assert floor["step"] == "packed" and floor["traffic_floor"]["floor_seconds"] > 0
-    assert "memory-traffic floor" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "memory-traffic floor" in printed and "| R \\ 1+ℓ | 1 | 3 | plain |" in printed
     assert main(["profile", "--target", str(tmp_path / "tiny"), "--contexts", "200", "--quiet",
                  "--out", str(out)]) == 2
     assert "exceeds the target's context window" in capsys.readouterr().err

@@ -31,6 +31,7 @@ from dspark.cost_models.accounting import (
     best_length,
     check_survival,
     fixed_length_rates,
+    plain_step_seconds,
     round_seconds,
 )
 from dspark.protocols.cost_model import CostModel
@@ -91,11 +92,6 @@ def speed_factor(measured: float, modelled: float) -> float:
     if not (measured > 0.0 and modelled > 0.0):
         return 1.0
     return measured / modelled
-
-
-def plain_step_seconds(cost_model: CostModel, num_requests: int) -> float:
-    """t(B₀) + α(R): the cost model's plain decoding step of R requests."""
-    return round_seconds(cost_model, cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long)), num_requests)
 
 
 def add_requests(seen: set, current: Iterable[Hashable], num_requests: int, limit: int) -> None:

@@ -10,6 +10,12 @@ points are bias + θ(B) and its ``batch_overhead`` α(R); every other context is
 own α(R) (the KV cache read per request grows with the context), or, where its shapes cannot be
 split, the main α(R) subtracted. Every (context, R, 1 + ℓ) median is kept in the shapes file so
 a user can see how much longer contexts cost.
+
+A shape timed after a random other one is how a drafted round's verification runs (after the
+drafter's forward), not how plain decoding runs (the same one-token step again and again, its
+weights and graph still warm in the caches). So the same sweeps also time, for each R, a run of
+one-token steps back to back (:func:`time_profile`): the profile's ``plain_steps``, against which
+the draft gate compares drafting.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 from dspark.cost_models import SPSProfile
 
 __all__ = ["ProfileFitError", "additive_cost_fit", "cpu_name", "time_shapes", "profile_from_shapes",
-           "save_shapes", "load_shapes", "read_bandwidth", "step_weight_bytes", "traffic_floor",
+           "time_profile", "save_shapes", "load_shapes", "read_bandwidth", "step_weight_bytes", "traffic_floor",
            "distinct_bytes", "bytes_floor"]
 
 
@@ -122,6 +128,24 @@ def time_shapes(
     progress: bool = True,
 ) -> dict[tuple[int, int, int], float]:
     """Median seconds of ``target.verify`` per (context, R, 1 + ℓ)."""
+    return time_profile(target, requests, widths, contexts, repeats, seed, progress, plain_run=0)[0]
+
+
+def time_profile(
+    target: Any,
+    requests: Sequence[int],
+    widths: Sequence[int],
+    contexts: Sequence[int],
+    repeats: int = 5,
+    seed: int = 0,
+    progress: bool = True,
+    plain_run: int = 3,
+) -> tuple[dict[tuple[int, int, int], float], dict[tuple[int, int], float]]:
+    """Median seconds of ``target.verify`` per (context, R, 1 + ℓ), each shape timed right after a
+    random other one (as a drafted round's verification runs, after the drafter), and per
+    (context, R) the plain step as plain decoding runs it: the last of ``plain_run`` one-token
+    steps in a row (none when 0). Both are timed in the same sweeps, so a drift of the machine's
+    speed lands on both alike."""
     from tqdm import tqdm
 
     for what, vals in (("requests", requests), ("widths", widths), ("contexts", contexts)):
@@ -129,6 +153,8 @@ def time_shapes(
             raise ValueError(f"{what} must be positive integers, got {list(vals)}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if plain_run < 0:
+        raise ValueError(f"plain_run must be >= 0, got {plain_run}")
     top = max(contexts) + max(widths) + 1
     if top > target.max_context:
         raise ValueError(f"context {max(contexts)} + {max(widths)} verified tokens exceeds the target's "
@@ -136,7 +162,9 @@ def time_shapes(
     g = torch.Generator().manual_seed(seed)
     order = random.Random(seed)
     times: dict[tuple[int, int, int], float] = {}
-    shapes = [(R, w) for R in requests for w in widths]
+    plain: dict[tuple[int, int], float] = {}
+    # (R, 1 + ℓ) a shape after another; (R, 0) a run of plain steps of R requests
+    shapes = [(R, w) for R in requests for w in widths] + ([(R, 0) for R in requests] if plain_run else [])
     with tqdm(total=len(contexts) * len(shapes) * (1 + repeats), desc="profiling verification",
               disable=not progress) as bar:
         for ctx in contexts:
@@ -151,13 +179,10 @@ def time_shapes(
                 # landing on the ones measured last.
                 for sweep in range(1 + repeats):
                     for R, width in order.sample(shapes, len(shapes)):
-                        tokens = torch.randint(target.vocab_size, (R, width), generator=g)
-                        synchronize(target)
-                        t0 = time.perf_counter()
-                        target.verify(ids[:R], tokens, torch.full((R,), width - 1))
-                        synchronize(target)
-                        elapsed = time.perf_counter() - t0
-                        target.rollback(ids[:R], keep[:R])
+                        if width:
+                            elapsed = _timed_step(target, ids[:R], keep[:R], width, g)
+                        else:
+                            elapsed = [_timed_step(target, ids[:R], keep[:R], 1, g) for _ in range(plain_run)][-1]
                         if sweep:
                             samples[R, width].append(elapsed)
                         bar.update(1)
@@ -165,8 +190,24 @@ def time_shapes(
                 for rid in ids:
                     target.release(rid)
             for (R, width), xs in samples.items():
-                times[ctx, R, width] = statistics.median(xs)
-    return times
+                if width:
+                    times[ctx, R, width] = statistics.median(xs)
+                else:
+                    plain[ctx, R] = statistics.median(xs)
+    return times, plain
+
+
+def _timed_step(target: Any, ids: Sequence[str], keep: torch.Tensor, width: int, g: torch.Generator) -> float:
+    """Seconds of one ``target.verify`` of ``width`` random tokens for each request of ``ids``,
+    whose caches are rolled back to ``keep`` [R] tokens after it."""
+    tokens = torch.randint(target.vocab_size, (len(ids), width), generator=g)
+    synchronize(target)
+    t0 = time.perf_counter()
+    target.verify(ids, tokens, torch.full((len(ids),), width - 1))
+    synchronize(target)
+    elapsed = time.perf_counter() - t0
+    target.rollback(ids, keep)
+    return elapsed
 
 
 def save_shapes(times: dict[tuple[int, int, int], float], path: str | Path) -> Path:
@@ -243,7 +284,7 @@ def _check_connected(edges: Sequence[tuple[int, int]]) -> None:
 
 def profile_from_shapes(
     times: dict[tuple[int, int, int], float], *, model: str, dtype: str, device: str, repeats: int,
-    source: str = "dspark profile",
+    source: str = "dspark profile", plain: Mapping[tuple[int, int], float] | None = None,
 ) -> SPSProfile:
     """The ``sps-table`` profile of the main (first-timed) context, B = R · (1 + ℓ) padded.
 
@@ -252,7 +293,8 @@ def profile_from_shapes(
     verifying 8 tokens and 8 requests verifying one each share B = 8 but not their cost. When the
     shapes cannot be split (one R, or R values not linked through a shared B), each B keeps the
     largest median among the shapes that share it and no overhead is recorded. Every other
-    context is split the same way into a curve and its own α(R) (``contexts``).
+    context is split the same way into a curve and its own α(R) (``contexts``). ``plain``
+    ((context, R) → seconds, :func:`time_profile`) becomes the profile's ``plain_steps``.
     """
     main_ctx = next(iter(times))[0]
     main = {(R, w): s for (ctx, R, w), s in times.items() if ctx == main_ctx}
@@ -278,9 +320,11 @@ def profile_from_shapes(
     return SPSProfile(
         device=device, model=model, dtype=dtype, date=time.strftime("%Y-%m-%d"), accounting="padded",
         points=points, threads=threads, batch_overhead=overhead, context=main_ctx, contexts=others,
+        plain_steps=sorted((c, R, s) for (c, R), s in (plain or {}).items()),
         notes=(f"{source}: HFTarget.verify, R x (1 + l) tokens over a {main_ctx}-token context (curves at the "
                f"other contexts timed: {contexts}), median of {repeats} after one warm-up, torch {torch.__version__}, "
-               f"{threads} threads. B = R * (1 + l) padded tokens; {how}."),
+               f"{threads} threads. B = R * (1 + l) padded tokens; {how}."
+               + (" plain_steps: one-token steps of R requests, the last of a run back to back." if plain else "")),
     )
 
 

@@ -73,17 +73,19 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
                    help="also time this drafter's round at each R of --requests: " + DRAFTER_HELP)
 
 
-def _step_tables(args: argparse.Namespace, target: Any, times: dict, threads: int) -> str:
+def _step_tables(args: argparse.Namespace, target: Any, times: dict, plain: dict, threads: int) -> str:
+    """Per context: the step of each (R, 1 + ℓ) after another shape, and R's one-token step back to back."""
     from dspark.profiling import device_name
 
     lines = []
     for ctx in args.contexts:
         lines += [f"\nverification step (ms), {args.dtype}, {target.path} step, {ctx}-token context, "
-                  f"{device_name(target)}, {threads} threads:",
-                  "| R \\ 1+ℓ | " + " | ".join(str(w) for w in args.widths) + " |",
-                  "|---|" + "---|" * len(args.widths)]
-        lines += [f"| {R} | " + " | ".join(f"{times[ctx, R, w] * 1e3:.1f}" for w in args.widths) + " |"
-                  for R in args.requests]
+                  f"{device_name(target)}, {threads} threads (each after another shape; last column: "
+                  "one token back to back, as plain decoding runs):",
+                  "| R \\ 1+ℓ | " + " | ".join(str(w) for w in args.widths) + " | plain |",
+                  "|---|" + "---|" * (len(args.widths) + 1)]
+        lines += [f"| {R} | " + " | ".join(f"{times[ctx, R, w] * 1e3:.1f}" for w in args.widths)
+                  + f" | {plain[ctx, R] * 1e3:.1f} |" for R in args.requests]
     return "\n".join(lines)
 
 
@@ -96,7 +98,7 @@ def _profile(args: argparse.Namespace) -> int:
         device_name,
         profile_from_shapes,
         save_shapes,
-        time_shapes,
+        time_profile,
         traffic_floor,
     )
     from dspark.targets import load_target
@@ -109,16 +111,16 @@ def _profile(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target(args.model, getattr(torch, args.dtype), device=args.device, path=args.step)
-    times = time_shapes(target, args.requests, args.widths, args.contexts, args.repeats, args.seed,
-                        progress=not args.quiet)
+    times, plain = time_profile(target, args.requests, args.widths, args.contexts, args.repeats, args.seed,
+                                progress=not args.quiet)
     floor = traffic_floor(target.model)
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
-                                  repeats=args.repeats)
+                                  repeats=args.repeats, plain=plain)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     profile.to_json(out)
     save_shapes(times, out.with_suffix(".shapes.json"))
-    lines = [_step_tables(args, target, times, torch.get_num_threads())]
+    lines = [_step_tables(args, target, times, plain, torch.get_num_threads())]
     ctx, R1 = args.contexts[0], min(args.requests)
     t1 = times[ctx, R1, min(args.widths)]
     lines.append(f"\nmemory-traffic floor: {floor['floor_seconds'] * 1e3:.1f} ms a step ({floor['weight_bytes'] / 1e6:.0f} "

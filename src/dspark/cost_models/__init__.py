@@ -30,6 +30,7 @@ from dspark.cost_models.accounting import (
     best_fixed_length,
     check_survival,
     fixed_length_rates,
+    plain_step_seconds,
     round_seconds,
 )
 from dspark.cost_models.profiles import ProfileError, SPSProfile, default_profile_path
@@ -47,7 +48,12 @@ from dspark.cost_models.roofline import (
 from dspark.cost_models.table import EXTRAPOLATIONS as EXTRAPOLATIONS  # outside __all__, as before
 from dspark.cost_models.table import FITS as FITS
 from dspark.cost_models.table import INTERPOLATIONS as INTERPOLATIONS
-from dspark.cost_models.table import SPSTableCostModel, fitted_curves, table_step_seconds
+from dspark.cost_models.table import (
+    SPSTableCostModel,
+    fitted_curves,
+    plain_curves,
+    table_step_seconds,
+)
 
 __all__ = [
     "ACCOUNTINGS",
@@ -66,6 +72,8 @@ __all__ = [
     "check_survival",
     "default_profile_path",
     "fitted_curves",
+    "plain_curves",
+    "plain_step_seconds",
     "fixed_length_rates",
     "kv_bytes_per_token",
     "kv_bytes_per_token_from_config",

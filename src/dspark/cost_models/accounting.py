@@ -19,6 +19,7 @@ __all__ = [
     "best_length",
     "check_survival",
     "fixed_length_rates",
+    "plain_step_seconds",
     "round_seconds",
 ]
 
@@ -75,6 +76,17 @@ def round_seconds(cost_model: Any, batch_size: int, num_requests: int) -> float:
     return float(cost_model.step_seconds(torch.tensor([batch_size]))[0]) + batch_overhead(cost_model, num_requests)
 
 
+def plain_step_seconds(cost_model: Any, num_requests: int) -> float:
+    """The cost model's plain decoding step of R requests: its ``plain_step_seconds(R)`` where it
+    has one (a step run back to back, as plain decoding runs it, which on a CPU can be several
+    per cent faster than the same step after another shape, as a drafted round's verification
+    runs and as a profile's points are timed), else t(B₀) + α(R)."""
+    fn = getattr(cost_model, "plain_step_seconds", None)
+    if fn is not None:
+        return float(fn(num_requests))
+    return round_seconds(cost_model, cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long)), num_requests)
+
+
 def check_survival(survival: Any) -> list[float]:
     """s_j = P(accepted ≥ j), j = 1..γ, as floats; raises unless non-increasing probabilities."""
     s = [float(v) for v in survival]
@@ -89,13 +101,15 @@ def fixed_length_rates(survival: Any, cost_model: Any, num_requests: int,
 
     ``survival`` s_j = P(accepted ≥ j), j = 1..γ; a round of R requests all drafting k commits
     R · (1 + Σ_{j≤k} s_j) tokens in t(B_k) + α(R) + ``round_overhead`` + ``draft_seconds`` (k > 0)
-    seconds, B_k the cost model's batch for ℓ = k everywhere.
+    seconds, B_k the cost model's batch for ℓ = k everywhere; plain decoding's step is
+    :func:`plain_step_seconds` (back to back, where the cost model knows it).
     """
     s = [float(v) for v in survival]
     rates = []
     for k in range(len(s) + 1):
         B = cost_model.batch_size(torch.full((num_requests,), k, dtype=torch.long))
-        t = round_seconds(cost_model, B, num_requests) + round_overhead + (draft_seconds if k else 0.0)
+        step = round_seconds(cost_model, B, num_requests) if k else plain_step_seconds(cost_model, num_requests)
+        t = step + round_overhead + (draft_seconds if k else 0.0)
         rates.append(num_requests * (1.0 + sum(s[:k])) / t)
     return rates
 

@@ -114,7 +114,7 @@ def _notes(_inst: object, _attr: object, value: object) -> None:
 
 
 _REQUIRED_FIELDS = ("device", "model", "dtype", "date", "accounting", "points")
-_OPTIONAL_FIELDS = ("threads", "notes", "batch_overhead", "context", "contexts")
+_OPTIONAL_FIELDS = ("threads", "notes", "batch_overhead", "context", "contexts", "plain_steps")
 
 
 def _optional_context(_inst: object, _attr: object, value: object) -> None:
@@ -186,6 +186,39 @@ def _check_overhead(_inst: object, _attr: object, points: tuple[tuple[Any, Any],
         previous = R
 
 
+def _to_plain_steps(value: object) -> tuple[tuple[Any, Any, Any], ...]:
+    """[{context, num_requests, step_seconds}] (JSON) or [(context, R, seconds)] → ((context, R,
+    seconds), ...), unvalidated."""
+    out = []
+    for i, entry in enumerate(value or ()):  # type: ignore[union-attr]
+        if isinstance(entry, Mapping):
+            unknown = set(entry) ^ {"context", "num_requests", "step_seconds"}
+            if unknown:
+                raise ProfileError(f"plain_steps[{i}] must be {{context, num_requests, step_seconds}}, "
+                                   f"got fields {sorted(entry)}")
+            entry = (entry["context"], entry["num_requests"], entry["step_seconds"])
+        try:
+            context, R, seconds = entry
+        except (TypeError, ValueError):
+            raise ProfileError(f"plain_steps[{i}] must be a (context, num_requests, step_seconds) triple") from None
+        out.append((context, R, seconds))
+    return tuple(out)
+
+
+def _check_plain_steps(_inst: object, _attr: object, rows: tuple[tuple[Any, Any, Any], ...]) -> None:
+    seen: set[tuple[int, int]] = set()
+    for i, (context, R, seconds) in enumerate(rows):
+        if not isinstance(context, int) or isinstance(context, bool) or context < 0:
+            raise ProfileError(f"plain_steps[{i}].context must be an integer >= 0, got {context!r}")
+        if not isinstance(R, int) or isinstance(R, bool) or R < 1:
+            raise ProfileError(f"plain_steps[{i}].num_requests must be an integer >= 1, got {R!r}")
+        if not is_number(seconds) or not math.isfinite(seconds) or seconds <= 0:
+            raise ProfileError(f"plain_steps[{i}].step_seconds must be a finite number > 0, got {seconds!r}")
+        if (context, R) in seen:
+            raise ProfileError(f"plain_steps[{i}] repeats context {context}, num_requests {R}")
+        seen.add((context, R))
+
+
 @frozen
 class SPSProfile:
     """Measured verification step times of one target on one device.
@@ -215,6 +248,13 @@ class SPSProfile:
     # split (`dspark profile` times every context alike); () reads the main ``batch_overhead``.
     contexts: tuple[tuple[int, tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]], ...] = field(
         default=(), converter=_to_contexts, validator=_check_contexts)
+    # Plain decoding steps (one token per request) timed back to back, as (context, R, seconds):
+    # a step right after the same step runs faster than one after a different shape or after a
+    # drafter's forward (the caches still hold its weights and its graph), and ``points`` time
+    # each shape after a random other one, as a drafted round's verification runs. The draft gate
+    # compares drafting with plain decoding at this speed. Absent: t(B = R) + α(R).
+    plain_steps: tuple[tuple[int, int, float], ...] = field(default=(), converter=_to_plain_steps,
+                                                           validator=_check_plain_steps)
 
     def curves(self) -> tuple[tuple[int | None, tuple[tuple[int, float], ...]], ...]:
         """Every measured curve as (context, points), sorted by context (one curve: its context may be None)."""
@@ -295,6 +335,8 @@ class SPSProfile:
                 {"context": c, "points": [{"batch_size": b, "step_seconds": t} for b, t in pts],
                  **({"batch_overhead": [{"num_requests": r, "seconds": v} for r, v in alpha]} if alpha else {})}
                 for c, pts, alpha in self.contexts]
+        if self.plain_steps:
+            data["plain_steps"] = [{"context": c, "num_requests": r, "step_seconds": t} for c, r, t in self.plain_steps]
         return data
 
     def to_json(self, path: str | os.PathLike[str]) -> None:

@@ -13,13 +13,13 @@ import torch
 from attrs import evolve, field, frozen
 from attrs.validators import in_
 
-from dspark.cost_models.accounting import Accounted, batch_tensor, check_accounting
+from dspark.cost_models.accounting import Accounted, batch_tensor, check_accounting, round_seconds
 from dspark.cost_models.context import context_bucket
 from dspark.cost_models.fit import isotonic, monotone_grid
 from dspark.cost_models.profiles import SPSProfile
 
 __all__ = ["EXTRAPOLATIONS", "FITS", "INTERPOLATIONS", "SPSTableCostModel", "fitted_curves",
-           "table_step_seconds"]
+           "plain_curves", "table_step_seconds"]
 
 INTERPOLATIONS = ("linear", "step")
 EXTRAPOLATIONS = ("linear", "clamp", "error")
@@ -53,6 +53,19 @@ def fitted_curves(profile: SPSProfile, fit: str = "monotone") -> tuple[tuple[flo
     alphas = _fit_lines([tuple(a) for a in alphas], fit)
     return tuple((None if c is None else float(c), pts, alpha)
                  for (c, _), pts, alpha in zip(curves, points, alphas))
+
+
+@functools.lru_cache(maxsize=64)
+def plain_curves(profile: SPSProfile, fit: str = "monotone") -> tuple[tuple[int, Curve], ...]:
+    """The profile's back-to-back plain steps as (context, ((R, seconds), ...)) per context,
+    ascending; ``fit="monotone"`` makes them non-decreasing in R and in the context where every
+    context timed the same R (:func:`fitted_curves`)."""
+    by_context: dict[int, list[tuple[int, float]]] = {}
+    for context, R, seconds in profile.plain_steps:
+        by_context.setdefault(context, []).append((R, float(seconds)))
+    contexts = sorted(by_context)
+    lines = _fit_lines([tuple(sorted(by_context[c])) for c in contexts], fit)
+    return tuple(zip(contexts, lines))
 
 
 def _read_at_context(context: float, ctxs: list[float], at: list[torch.Tensor]) -> torch.Tensor:
@@ -138,6 +151,7 @@ class SPSTableCostModel(Accounted):
     # profiled B, and α per R, are computed once per (bound) model and then looked up.
     _dense: torch.Tensor = field(init=False, repr=False, eq=False)  # [max B] float64
     _alpha: dict[int, float] = field(init=False, repr=False, eq=False, factory=dict)
+    _plain: dict[int, float] = field(init=False, repr=False, eq=False, factory=dict)
 
     @_fitted.default
     def _fit_profile(self) -> tuple[tuple[float | None, Curve, Curve], ...]:
@@ -221,6 +235,32 @@ class SPSTableCostModel(Accounted):
         if num_requests not in self._alpha:
             self._alpha[num_requests] = self._batch_overhead_seconds(num_requests)
         return self._alpha[num_requests]
+
+    def plain_step_seconds(self, num_requests: int) -> float:
+        """One plain decoding step of R requests (one token each) as it runs back to back, from the
+        profile's ``plain_steps`` (at :attr:`context`): linear between profiled R, continuing the
+        last segment's slope beyond (never falling); without them t(B₀) + α(R), the step after a
+        different shape."""
+        if num_requests not in self._plain:
+            self._plain[num_requests] = self._plain_step_seconds(int(num_requests))
+        return self._plain[num_requests]
+
+    def _plain_step_seconds(self, num_requests: int) -> float:
+        curves = plain_curves(self.profile, self.fit)
+        if not curves:
+            return round_seconds(self, self.batch_size(torch.zeros(num_requests, dtype=torch.long)), num_requests)
+
+        def read(pts: Curve) -> torch.Tensor:  # [1]
+            return table_step_seconds(torch.tensor([float(num_requests)]),
+                                      torch.tensor([r for r, _ in pts], dtype=torch.float64),
+                                      torch.tensor([t for _, t in pts], dtype=torch.float64))
+
+        if self.context is None or len(curves) == 1:
+            main = self.profile.context
+            pts = next((p for c, p in curves if c == main), curves[0][1])
+            return float(read(pts)[0])
+        return float(_read_at_context(float(self.context), [float(c) for c, _ in curves],
+                                      [read(pts) for _, pts in curves])[0])
 
     def _batch_overhead_seconds(self, num_requests: int) -> float:
         def read(alpha: Curve) -> torch.Tensor:  # [1]
