@@ -30,9 +30,10 @@ __all__ = ["bench_gate_prior", "measure_draft_overhead"]
 
 
 def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: int, cost_model_at: Any) -> list[float]:
-    """Seconds beyond the cost model's t(B) + α(R) of rounds 2..``rounds`` of R requests, on the
-    cost model's clock (each round's seconds / φ, φ = its verification seconds / t(B) + α(R))."""
-    from dspark.cost_models import round_seconds
+    """Seconds beyond the cost model's t(B) + α(R) (a plain round: its plain step, as the draft
+    gate reads it) of rounds 2..``rounds`` of R requests, on the cost model's clock (each round's
+    seconds / φ, φ = its verification seconds / the modelled step)."""
+    from dspark.cost_models import plain_step_seconds, round_seconds
     from dspark.gate_forecast import speed_factor
     from dspark.types import SamplingParams
 
@@ -45,7 +46,8 @@ def _round_excess(engine: Any, ids: Sequence[Any], num_requests: int, rounds: in
         info = engine.last_round
         if k and info.num_requests == num_requests:
             cm = cost_model_at(info.context, info.num_requests)
-            modelled = round_seconds(cm, info.batch_size, info.num_requests)
+            modelled = (round_seconds(cm, info.batch_size, info.num_requests) if info.drafted
+                        else plain_step_seconds(cm, info.num_requests))
             out.append(info.seconds / speed_factor(info.target_seconds, modelled) - modelled)
     for rid in list(engine.active):
         engine.abort(rid)
