@@ -35,7 +35,7 @@ import torch
 from dspark.cost_models import SPSProfile
 
 __all__ = ["ProfileFitError", "additive_cost_fit", "cpu_name", "time_shapes", "profile_from_shapes",
-           "time_profile", "save_shapes", "load_shapes", "read_bandwidth", "step_weight_bytes", "traffic_floor",
+           "time_profile", "timed_step", "save_shapes", "load_shapes", "read_bandwidth", "step_weight_bytes", "traffic_floor",
            "distinct_bytes", "bytes_floor"]
 
 
@@ -180,9 +180,9 @@ def time_profile(
                 for sweep in range(1 + repeats):
                     for R, width in order.sample(shapes, len(shapes)):
                         if width:
-                            elapsed = _timed_step(target, ids[:R], keep[:R], width, g)
+                            elapsed = timed_step(target, ids[:R], keep[:R], width, g)
                         else:
-                            elapsed = [_timed_step(target, ids[:R], keep[:R], 1, g) for _ in range(plain_run)][-1]
+                            elapsed = [timed_step(target, ids[:R], keep[:R], 1, g) for _ in range(plain_run)][-1]
                         if sweep:
                             samples[R, width].append(elapsed)
                         bar.update(1)
@@ -197,7 +197,7 @@ def time_profile(
     return times, plain
 
 
-def _timed_step(target: Any, ids: Sequence[str], keep: torch.Tensor, width: int, g: torch.Generator) -> float:
+def timed_step(target: Any, ids: Sequence[str], keep: torch.Tensor, width: int, g: torch.Generator) -> float:
     """Seconds of one ``target.verify`` of ``width`` random tokens for each request of ``ids``,
     whose caches are rolled back to ``keep`` [R] tokens after it."""
     tokens = torch.randint(target.vocab_size, (len(ids), width), generator=g)

@@ -13,6 +13,9 @@ class CostModel(Protocol):
 
     ``accounting`` is ``"packed"`` (B = Σ_r (1 + ℓ_r)) or ``"padded"`` (B = R · (1 + max ℓ)): the
     engine's real verification shape, which the cost model — not the scheduler — owns.
+    Optional, read where present: ``batch_overhead_seconds(R)`` (α(R), see
+    :func:`dspark.cost_models.round_seconds`) and ``plain_step_seconds(R)`` (plain decoding's
+    step, see :func:`dspark.cost_models.plain_step_seconds`).
     """
 
     name: str
