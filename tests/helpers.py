@@ -219,3 +219,24 @@ class TickClock:
     def __call__(self) -> float:
         self.now += self.tick
         return self.now
+
+
+def race_eager_runner_only(monkeypatch, raced: list | None = None, overhead=None) -> None:
+    """Have ``dspark.fast.drafter``'s runner race time the eager runner alone, over 2 rounds (quick:
+    the compiled and onnxruntime runners are tests/test_fast_drafter.py's). ``raced`` collects the
+    path of each target raced on; ``overhead(drafter, seconds)`` replaces the timed overhead."""
+    import attrs
+
+    import dspark.fast.drafter as fd
+
+    real = fd.choose_draft_runner
+
+    def race(target, drafter, ids, cost, calibrator=None, **_):
+        if raced is not None:
+            raced.append(target.path)
+        choice = real(target, drafter, ids, cost, calibrator, candidates=("eager",), rounds=2)
+        if overhead is not None:
+            choice = attrs.evolve(choice, overhead_seconds={"eager": overhead(drafter, choice.overhead_seconds["eager"])})
+        return choice
+
+    monkeypatch.setattr(fd, "choose_draft_runner", race)

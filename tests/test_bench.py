@@ -37,7 +37,7 @@ from dspark.gating import DraftGate, ObservedRound
 from dspark.profiling import profile_from_shapes, time_shapes
 from dspark.targets import HFTarget
 from dspark.types import SamplingParams
-from helpers import greedy_decode, tiny_causal_lm
+from helpers import greedy_decode, race_eager_runner_only, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 32
@@ -562,7 +562,6 @@ def test_report_writes_markdown_and_png(tmp_path):
 def test_bench_on_the_compiled_step_drafts_on_the_raced_runner(tmp_path, monkeypatch):
     """With the compiled target step, the bench times the drafter on the runner its start-up race
     picked (as ``dspark serve`` runs it) and names that runner in bench.json and bench.md."""
-    import dspark.fast.drafter as fd
     from dspark.bench.run import run_bench
     from dspark.drafters.checkpoint import save_pretrained
     from helpers import save_tiny_target
@@ -575,13 +574,8 @@ def test_bench_on_the_compiled_step_drafts_on_the_raced_runner(tmp_path, monkeyp
     folder = save_pretrained(drafter, tmp_path / "d")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"t{i} t{i + 1} t{i + 2}", "domain": "x"}) + "\n" for i in (1, 5)))
-    raced, real = [], fd.choose_draft_runner
-
-    def race(target, drafter, ids, cost, calibrator=None, **_):  # the eager runner alone: quick
-        raced.append(target.path)
-        return real(target, drafter, ids, cost, calibrator, candidates=("eager",), rounds=2)
-
-    monkeypatch.setattr(fd, "choose_draft_runner", race)
+    raced = []
+    race_eager_runner_only(monkeypatch, raced)
     result = run_bench(out=str(tmp_path / "out"), model=str(target_dir), drafter=str(folder), dtype="float32",
                        step="compiled", prompts=str(prompts), per_domain=2, concurrency=(1,), repeats=1,
                        max_new_tokens=4, mode="measure", schedulers=("sps-greedy",), gate=("none",),

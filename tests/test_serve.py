@@ -33,7 +33,7 @@ import dspark  # noqa: E402
 from dspark.engine import Engine, encode_prompt  # noqa: E402
 from dspark.serve.app import create_app  # noqa: E402
 from dspark.targets import HFTarget  # noqa: E402
-from helpers import save_tiny_target, tiny_causal_lm  # noqa: E402
+from helpers import race_eager_runner_only, save_tiny_target, tiny_causal_lm  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -444,10 +444,8 @@ def test_serve_runs_the_fastest_drafter_setup_on_the_compiled_step(tmp_path, mon
     folder = save_pretrained(drafter, tmp_path / "d")
     save_token_ranking(folder, [list(range(31, -1, -1))], "test")
     asked = []
-    real_setup, real_race = fd.fastest_drafter, fd.choose_draft_runner
-    # the runner race on the eager runner alone (the compiled and onnxruntime ones are tests/test_fast_drafter.py's)
-    monkeypatch.setattr(fd, "choose_draft_runner",
-                        lambda t, d, i, c, cal=None, **_: real_race(t, d, i, c, cal, candidates=("eager",), rounds=2))
+    real_setup = fd.fastest_drafter
+    race_eager_runner_only(monkeypatch)
 
     def recorded(folder, target, ids, cost, verify_seconds, draft_vocab=None, race_cut=True):
         asked.append((draft_vocab, race_cut, target.path, len(ids)))

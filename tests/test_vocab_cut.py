@@ -27,7 +27,7 @@ from dspark.drafters.vocab_cut import (
 )
 from dspark.fast import FastTarget
 from dspark.provenance import files_digest
-from helpers import tiny_causal_lm
+from helpers import race_eager_runner_only, tiny_causal_lm
 from test_fast_step import FLAT
 
 V = 16
@@ -134,18 +134,7 @@ def tiny_checkpoint(tmp_path_factory):
 def _timed_overheads(monkeypatch, full_overhead: float) -> None:
     """fastest_drafter's runner race on the eager runner alone, the full drafter's overhead set to
     ``full_overhead`` seconds (the cut keeps its measured one, a few milliseconds)."""
-    import attrs
-
-    import dspark.fast.drafter as fd
-
-    real = fd.choose_draft_runner
-
-    def race(target, drafter, ids, cost, calibrator=None, **_):
-        choice = real(target, drafter, ids, cost, calibrator, candidates=("eager",), rounds=2)
-        own = choice.overhead_seconds["eager"] if drafter.config.draft_vocab_size else full_overhead
-        return attrs.evolve(choice, overhead_seconds={"eager": own})
-
-    monkeypatch.setattr(fd, "choose_draft_runner", race)
+    race_eager_runner_only(monkeypatch, overhead=lambda d, s: s if d.config.draft_vocab_size else full_overhead)
 
 
 @pytest.mark.parametrize("full_overhead,wins", [(10.0, True), (0.0, False)])
