@@ -341,6 +341,8 @@ def test_plain_steps_round_trip_and_are_read_in_r_and_in_the_context():
     ([{"context": 64, "num_requests": 1}], r"plain_steps\[0\] must be \{context, num_requests, step_seconds\}"),
     ([PLAIN[0], PLAIN[0]], r"plain_steps\[1\] repeats context 64, num_requests 1"),
     ([[64, 1]], r"plain_steps\[0\] must be a \(context, num_requests, step_seconds\) triple"),
+    (5, r"plain_steps must be a list of \{context, num_requests, step_seconds\} objects, got 5"),
+    ({"context": 64}, r"plain_steps must be a list"),
 ])
 def test_bad_plain_steps_are_one_sentence(bad, match):
     with pytest.raises(ProfileError, match=match):

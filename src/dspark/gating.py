@@ -8,7 +8,9 @@ The gate compares measured rates, per batch-size bucket (R rounded down to a pow
 
     speculative rate  = Σ τ̂ / Σ seconds over drafted rounds  ×  ρ
     plain rate        = Σ R / Σ seconds over plain rounds
-                        (before any plain round of this bucket ran: R / t(B₀) from the cost model)
+                        (before any plain round of this bucket ran: R / the cost model's plain
+                        step, :func:`dspark.cost_models.plain_step_seconds` — the one-token step
+                        run back to back where the profile records it, else t(B₀) + α(R))
 
 both sums exponentially decayed (``decay`` per round of that kind), so the rates follow a changing
 workload. τ̂ is the scheduler's expected committed tokens of the round (from the calibrated
@@ -76,7 +78,9 @@ stretch against the drafted rounds of now, an overhead measured in a fast minute
 measured in a slow one. A drift is then read as a gain or a loss of drafting, and near break-even
 it decides (a wall-clock prior read against an older profile can forecast a loss where drafting
 pays). So each round is put on the cost model's clock (``speed_normalised``, given the round's verification seconds): the speed factor
-φ = measured verification seconds / the cost model's t(B) + α(R) of the same step, and every
+φ = measured verification seconds / the cost model's t(B) + α(R) of the same step (a plain
+round's: the plain step, back to back; against the points, which are timed after another shape,
+plain decoding's warm caches would read as the machine running fast and be normalised away), and every
 second of the round — drafting, verification, the engine's own work — is divided by it. Rates and
 overheads are then in the profile's seconds, whatever the machine's speed at the time: what the
 gate still measures is the part of a round the cost model does not describe (drafting,

@@ -12,8 +12,9 @@ split, the main α(R) subtracted. Every (context, R, 1 + ℓ) median is kept in 
 a user can see how much longer contexts cost.
 
 A shape timed after a random other one is how a drafted round's verification runs (after the
-drafter's forward), not how plain decoding runs (the same one-token step again and again, its
-weights and graph still warm in the caches). So the same sweeps also time, for each R, a run of
+drafter's forward), not how plain decoding runs (the same one-token step again and again, which
+on a CPU can run faster: its working set still in the caches, presumably; measured by
+``scripts/step_order.py``). So the same sweeps also time, for each R, a run of
 one-token steps back to back (:func:`time_profile`): the profile's ``plain_steps``, against which
 the draft gate compares drafting.
 """

@@ -189,6 +189,8 @@ def _check_overhead(_inst: object, _attr: object, points: tuple[tuple[Any, Any],
 def _to_plain_steps(value: object) -> tuple[tuple[Any, Any, Any], ...]:
     """[{context, num_requests, step_seconds}] (JSON) or [(context, R, seconds)] → ((context, R,
     seconds), ...), unvalidated."""
+    if value is not None and (isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__")):
+        raise ProfileError(f"plain_steps must be a list of {{context, num_requests, step_seconds}} objects, got {value!r}")
     out = []
     for i, entry in enumerate(value or ()):  # type: ignore[union-attr]
         if isinstance(entry, Mapping):
@@ -249,8 +251,8 @@ class SPSProfile:
     contexts: tuple[tuple[int, tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]], ...] = field(
         default=(), converter=_to_contexts, validator=_check_contexts)
     # Plain decoding steps (one token per request) timed back to back, as (context, R, seconds):
-    # a step right after the same step runs faster than one after a different shape or after a
-    # drafter's forward (the caches still hold its weights and its graph), and ``points`` time
+    # a step right after the same step can run faster than one after a different shape or after a
+    # drafter's forward (its working set still in the caches, presumably), and ``points`` time
     # each shape after a random other one, as a drafted round's verification runs. The draft gate
     # compares drafting with plain decoding at this speed. Absent: t(B = R) + α(R).
     plain_steps: tuple[tuple[int, int, float], ...] = field(default=(), converter=_to_plain_steps,
