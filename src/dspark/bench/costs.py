@@ -24,17 +24,13 @@ def measure_profile(target: Any, args: Any, gamma: int, path: Path, context: int
     # which the additive fit of α(R) + θ(B) needs.
     top = max(args.concurrency)
     requests = sorted(set(args.concurrency) | {1 << k for k in range(top.bit_length()) if 1 << k <= top})
-    times, plain = time_profile(target, requests, widths, [context],
-                                repeats=args.profile_repeats, progress=not args.quiet)
     # The workload's requests verify over contexts from their prompt to prompt + max_new_tokens:
     # time the same shapes at both ends too, so the profile holds a curve and an α(R) per context
-    # and the engine and the simulator read each round's step time at its own context.
+    # and the engine and the simulator read each round's step time at its own context. The main
+    # context is timed first: the profile's points are the first context's.
     others = sorted({c for c in span or () if c != context and 0 < c < target.max_context - gamma - 2})
-    if others:
-        more, more_plain = time_profile(target, requests, widths, others,
-                                        repeats=args.profile_repeats, progress=not args.quiet)
-        times.update(more)
-        plain.update(more_plain)
+    times, plain = time_profile(target, requests, widths, [context, *others],
+                                repeats=args.profile_repeats, progress=not args.quiet)
     profile = profile_from_shapes(times, model=args.model, dtype=args.dtype, device=device_name(target),
                                   repeats=args.profile_repeats, source="dspark bench", plain=plain)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ __all__ = [
     "fixed_length_rates",
     "plain_step_seconds",
     "round_seconds",
+    "undrafted_step_seconds",
 ]
 
 ACCOUNTINGS = ("packed", "padded")
@@ -76,15 +77,21 @@ def round_seconds(cost_model: Any, batch_size: int, num_requests: int) -> float:
     return float(cost_model.step_seconds(torch.tensor([batch_size]))[0]) + batch_overhead(cost_model, num_requests)
 
 
+def undrafted_step_seconds(cost_model: Any, num_requests: int) -> float:
+    """t(B₀) + α(R): the verification step of R requests verifying no drafts, as the cost model's
+    step times price it (a profile's points: each shape timed after another)."""
+    return round_seconds(cost_model, cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long)), num_requests)
+
+
 def plain_step_seconds(cost_model: Any, num_requests: int) -> float:
     """The cost model's plain decoding step of R requests: its ``plain_step_seconds(R)`` where it
     has one (a step run back to back, as plain decoding runs it, which on a CPU can be several
     per cent faster than the same step after another shape, as a drafted round's verification
-    runs and as a profile's points are timed), else t(B₀) + α(R)."""
+    runs and as a profile's points are timed), else :func:`undrafted_step_seconds`."""
     fn = getattr(cost_model, "plain_step_seconds", None)
     if fn is not None:
         return float(fn(num_requests))
-    return round_seconds(cost_model, cost_model.batch_size(torch.zeros(num_requests, dtype=torch.long)), num_requests)
+    return undrafted_step_seconds(cost_model, num_requests)
 
 
 def check_survival(survival: Any) -> list[float]:

@@ -13,7 +13,12 @@ import torch
 from attrs import evolve, field, frozen
 from attrs.validators import in_
 
-from dspark.cost_models.accounting import Accounted, batch_tensor, check_accounting, round_seconds
+from dspark.cost_models.accounting import (
+    Accounted,
+    batch_tensor,
+    check_accounting,
+    undrafted_step_seconds,
+)
 from dspark.cost_models.context import context_bucket
 from dspark.cost_models.fit import isotonic, monotone_grid
 from dspark.cost_models.profiles import SPSProfile
@@ -248,7 +253,7 @@ class SPSTableCostModel(Accounted):
     def _plain_step_seconds(self, num_requests: int) -> float:
         curves = plain_curves(self.profile, self.fit)
         if not curves:
-            return round_seconds(self, self.batch_size(torch.zeros(num_requests, dtype=torch.long)), num_requests)
+            return undrafted_step_seconds(self, num_requests)
 
         def read(pts: Curve) -> torch.Tensor:  # [1]
             return table_step_seconds(torch.tensor([float(num_requests)]),
