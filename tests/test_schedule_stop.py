@@ -47,7 +47,7 @@ SLOPED = dspark.get_cost_model("sps-table", profile={
     "points": [{"batch_size": 1, "step_seconds": 1.0}, {"batch_size": 33, "step_seconds": 10.6}]})
 
 class _HalfScheduler:
-    """A plugin's lossless, stateless scheduler without ``verifies_last`` whose answer reads the
+    """A plugin's lossless, stateless scheduler without ``position_rule`` whose answer reads the
     valid length: verify the first half of every draft (docs/plugins.md)."""
 
     name = "half"
@@ -99,6 +99,44 @@ def test_the_rule_stops_exactly_where_the_whole_blocks_schedule_ends(sched, kwar
         assert set(lengths) == {valid if sched == "full" else valid // 2}
     else:
         assert min(lengths) < valid and max(lengths) > 0  # the rule stopped some drafts, not all at once
+
+
+#: padded, with a per-request overhead α(1) and a step that rises in steps: Θ's other branch
+STEPPED = dspark.get_cost_model("sps-table", profile={
+    "device": "test", "model": "tiny", "dtype": "float32", "date": "2026-12-07", "accounting": "padded",
+    "points": [{"batch_size": 1, "step_seconds": 1.0}, {"batch_size": 3, "step_seconds": 1.1},
+               {"batch_size": 4, "step_seconds": 1.6}, {"batch_size": 8, "step_seconds": 1.9}],
+    "batch_overhead": [{"num_requests": 1, "seconds": 0.4}]})
+
+
+@pytest.mark.parametrize("cost_model", [SLOPED, STEPPED], ids=["packed", "padded+overhead"])
+def test_sps_greedy_rule_carried_from_step_to_step_decides_as_the_whole_block(cost_model):
+    """sps-greedy's ``position_rule`` carries τ and Θ between the steps of a round; the oracle is
+    :func:`sps_greedy_lengths` on each whole block: confidences with ties (c = 1, repeated values)
+    and zeros, valid lengths below γ, and calls that do not continue the last prefix (a new block
+    at any step, the same step asked twice) — each must answer as a fresh rule would."""
+    from dspark.schedulers import sps_greedy_lengths
+
+    scheduler = dspark.get_scheduler("sps-greedy")
+    gen = torch.Generator().manual_seed(7)
+    rules = {valid: scheduler.position_rule(valid, cost_model) for valid in range(1, G + 1)}
+    decided = set()
+    for n in range(600):
+        valid = 1 + n % G
+        c = torch.rand(1, G, generator=gen)
+        if n % 3 == 0:
+            c = (c * 4).round() / 4  # repeated values, exact 0 and 1
+        ell = int(sps_greedy_lengths(c, torch.tensor([valid]), cost_model)[0][0])
+        decided.add(ell)
+        rule = rules[valid]
+        first = 1 + n % 4 if n % 5 == 0 else 1  # sometimes a block first seen at step > 1
+        for j in range(first, valid + 1):
+            assert rule(c[:, :j]) == (j <= ell), f"block {n}, step {j}: whole block ℓ = {ell}"
+            if j == 2 and n % 7 == 0:
+                assert rule(c[:, :j]) == (j <= ell)  # the same step again
+        if valid < G:
+            assert not rule(c[:, : valid + 1])  # past the valid length: never verified
+    assert len(decided) >= 3  # the cost models stop drafts at several lengths
 
 
 class _WholeBlockCalibrator:

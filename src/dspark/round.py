@@ -174,15 +174,16 @@ def schedule_stop(
             and getattr(calibrator, "positionwise", False)):
         return None
     valid = int(draft_lengths(context, 1, gamma)[0])  # the block's valid length: γ cut to the room left
-    verifies_last = getattr(scheduler, "verifies_last", None)
+    rule = getattr(scheduler, "position_rule", None)
+    verified = rule(valid, cost_model) if rule is not None else None
 
     def stop(z: torch.Tensor) -> torch.Tensor:
         j = z.shape[1]
         if j > valid:  # beyond the room left: never verified
             return torch.tensor([True])
         c = calibrator.calibrate(z)  # [1, j]
-        if verifies_last is not None:
-            return torch.tensor([not verifies_last(c, valid, cost_model)])
+        if verified is not None:
+            return torch.tensor([not verified(c)])
         unknown = c.new_zeros(1, gamma - j)  # c_{j+1..γ}: a stopping rule's decision on j never reads them
         return scheduler.lengths(torch.cat([c, unknown], 1), torch.tensor([valid]), cost_model) < j  # [1]
 

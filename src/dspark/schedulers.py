@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = [
     "with_sunk_seconds",
     "survival",
     "sps_greedy_lengths",
+    "OneRequestAdmission",
     "summarise",
 ]
 
@@ -228,6 +230,65 @@ def sps_greedy_lengths(
     return lengths, a, float(tau[K]), int(B[K]), float(theta[K])
 
 
+class OneRequestAdmission:
+    """SPS-greedy's decision on position j at one request, asked after each of the head's steps
+    with c_1..j [1, j] (:func:`dspark.round.schedule_stop`): is position j verified?
+
+    At one request the admission order is the position order (a_j = Π_{i≤j} c_i never rises, ties
+    keep j before j + 1), so position j is verified iff Θ rose at each of the admissions 1..j. The
+    rule carries τ and Θ of the prefix from one call to the next instead of building the admission
+    curve again (a step's decision in scalar arithmetic instead of ~20 array operations), with
+    :func:`_admission_curve`'s operations in its order: a_j from the float32 cumulative product as
+    :func:`survival` computes it, τ_k = 1 + Σ_{i≤k} a_i in float64, Θ_k from the same SPS table, so
+    it decides exactly as :func:`sps_greedy_lengths` on the whole block. A call whose c does not
+    extend the last call's prefix starts again from position 1.
+    """
+
+    def __init__(self, valid: int, cost_model: CostModel) -> None:
+        self.valid = int(valid)
+        positions = torch.arange(1, self.valid + 1)  # [valid] the admission order at one request
+        if cost_model.accounting in ("packed", "padded"):
+            B = 1 + np.arange(self.valid + 1)  # [valid + 1] both give B_k = 1 + k at R = 1
+        else:
+            B = cost_model.admission_batch_sizes(1, positions).numpy()
+        base = cost_model.base if isinstance(cost_model, SunkCost) else cost_model
+        self.sps = _SPS_CACHE.lookup(base, B)  # [valid + 1] SPS(B_k)
+        self.overhead = batch_overhead(cost_model, 1)
+        self._start()
+
+    def _start(self) -> None:
+        """Nothing admitted: k = 0."""
+        self.seen: list[float] = []  # c_1..k of the prefix decided so far
+        self.sum = 0.0  # Σ_{i≤k} a_i
+        self.theta = self._theta(0)  # Θ_k
+        self.rising = True  # Θ rose at admissions 1..k
+
+    def _theta(self, k: int) -> float:
+        tau, sps = 1 + self.sum, self.sps[k]
+        return tau * sps if self.overhead == 0.0 else tau / (1.0 / sps + self.overhead)
+
+    def __call__(self, c: torch.Tensor) -> bool:
+        """c_1..j [1, j] calibrated → whether position j is verified."""
+        j = c.shape[1]
+        if j > self.valid:
+            return False
+        values = c[0].tolist()
+        if len(self.seen) != j - 1 or values[:-1] != self.seen:  # not the next position: start again
+            self._start()
+            for k in range(1, j):
+                self._admit(c[:, :k], k)
+        return self._admit(c, j)
+
+    def _admit(self, c: torch.Tensor, k: int) -> bool:
+        a_k = float(torch.cumprod(c.float(), dim=1)[0, k - 1])  # as survival() computes it
+        self.sum += max(a_k, 0.0)
+        theta = self._theta(k)
+        self.rising = self.rising and theta > self.theta
+        self.theta = theta
+        self.seen.append(float(c[0, k - 1]))
+        return self.rising
+
+
 # --------------------------------------------------------------------------------------------
 # Scheduler classes (thin wrappers, registered through the plugin hooks)
 # --------------------------------------------------------------------------------------------
@@ -273,8 +334,8 @@ class FullScheduler(SchedulerBase):
     def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
         return valid
 
-    def verifies_last(self, c: torch.Tensor, valid: int, cost_model: CostModel | None = None) -> bool:
-        return c.shape[1] <= valid
+    def position_rule(self, valid: int, cost_model: CostModel | None = None) -> Callable[[torch.Tensor], bool]:
+        return lambda c: c.shape[1] <= valid  # c [1, j]
 
 
 @frozen
@@ -289,8 +350,8 @@ class FixedScheduler(SchedulerBase):
     def lengths(self, c: torch.Tensor, valid: torch.Tensor, cost_model: CostModel | None = None) -> torch.Tensor:
         return valid.clamp(max=self.k)
 
-    def verifies_last(self, c: torch.Tensor, valid: int, cost_model: CostModel | None = None) -> bool:
-        return c.shape[1] <= min(self.k, valid)
+    def position_rule(self, valid: int, cost_model: CostModel | None = None) -> Callable[[torch.Tensor], bool]:
+        return lambda c: c.shape[1] <= min(self.k, valid)  # c [1, j]
 
 
 @frozen
@@ -312,9 +373,12 @@ class ThresholdScheduler(SchedulerBase):
         keep = (score >= self.threshold) & (torch.arange(c.shape[1])[None, :] < valid[:, None])
         return torch.cumprod(keep.long(), dim=1).sum(dim=1)  # [R]
 
-    def verifies_last(self, c: torch.Tensor, valid: int, cost_model: CostModel | None = None) -> bool:
-        j = c.shape[1]
-        return j <= valid and int(self.lengths(c.float(), torch.tensor([j]))[0]) == j
+    def position_rule(self, valid: int, cost_model: CostModel | None = None) -> Callable[[torch.Tensor], bool]:
+        def verified(c: torch.Tensor) -> bool:  # c [1, j]
+            j = c.shape[1]
+            return j <= valid and int(self.lengths(c.float(), torch.tensor([j]))[0]) == j
+
+        return verified
 
 
 def _require_cost_model(name: str, cost_model: CostModel | None) -> CostModel:
@@ -369,15 +433,10 @@ class SPSGreedyScheduler(SchedulerBase):
         K = min(self._budgets.popleft(), int(valid.sum()))  # chosen `lag` rounds ago
         return _lengths_from_admitted(order, K, R, gamma)
 
-    def verifies_last(self, c: torch.Tensor, valid: int, cost_model: CostModel | None = None) -> bool:
-        """At one request (and ``lag`` 0): whether position j ≤ ``valid`` is verified given c_1..j
-        [1, j], with the admission curve alone (Θ rose at every admission)."""
-        cm = _require_cost_model(self.name, cost_model)
-        if c.shape[1] > valid:
-            return False
-        a = torch.cumprod(c.float(), dim=1).double().numpy()  # [1, j], as survival() computes it
-        *_, theta = _admission_curve(a, np.array([a.shape[1]]), cm)
-        return _admitted_before_first_non_rise(theta) == a.shape[1]
+    def position_rule(self, valid: int, cost_model: CostModel | None = None) -> OneRequestAdmission:
+        """At one request of valid length ``valid`` (and ``lag`` 0): the rule that says, step by step,
+        whether position j is verified given c_1..j (:class:`OneRequestAdmission`)."""
+        return OneRequestAdmission(valid, _require_cost_model(self.name, cost_model))
 
 
 @frozen

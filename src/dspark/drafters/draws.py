@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from dspark.drafters.vocab import to_target_space
+from dspark.drafters.vocab import NEG, DraftVocab
 from dspark.protocols.drafter import DraftContext
 from dspark.sampling import probs_for_requests, sample
 
-__all__ = ["target_features", "feature_starts", "draft_sample", "draft_lengths", "Draws"]
+__all__ = ["target_features", "feature_starts", "draft_sample", "draft_lengths", "Draws", "greedy_in_target_space"]
 
 
 def target_features(
@@ -99,11 +99,53 @@ class Draws:
         self.logits.append(U)
         return slot
 
-    def finish(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens [R, γ], q [R, γ, V], logits [R, γ, V]) in target space, on the CPU."""
-        if not self.greedy:
-            return torch.stack(self.tokens, 1), torch.stack(self.qs, 1), torch.stack(self.logits, 1)
-        U = torch.stack(self.logits, 1).float().cpu()  # [R, γ, V_d] one transfer per round
-        slots = torch.stack(self.slots, 1).cpu()  # [R, γ]
-        q = torch.zeros_like(U).scatter_(-1, slots[..., None], 1.0)  # one-hot: what was "sampled"
-        return to_target_space(self.loop.spec.vocab_map, slots, q, U)
+    def finish(self, gamma: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens [R, n], q [R, n, V], logits [R, n, V]) in target space, on the CPU, for the n
+        draws made; with ``gamma`` [R, γ], the positions past them undrawn (a refiner ended every
+        draft early): token 0, a one-hot q on it and zero logits, beyond every valid length."""
+        R, n = len(self.context.request_ids), len(self.logits)
+        gamma = n if gamma is None else gamma
+        if self.greedy:
+            slots = torch.stack(self.slots, 1).cpu() if n else torch.zeros(R, 0, dtype=torch.long)  # [R, n]
+            U = torch.stack(self.logits, 1).float().cpu() if n else None  # [R, n, V_d] one transfer a round
+            return greedy_in_target_space(self.loop.spec.vocab_map, slots, U, gamma, self.loop.spec.vocab_size)
+        if n:
+            tokens, q, logits = torch.stack(self.tokens, 1), torch.stack(self.qs, 1), torch.stack(self.logits, 1)
+        else:
+            V = self.loop.spec.vocab_size
+            tokens, q, logits = torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, V), torch.zeros(R, 0, V)
+        if gamma == n:
+            return tokens, q, logits
+        q_end = q.new_zeros(R, gamma - n, q.shape[2])
+        q_end[..., 0] = 1.0
+        return (torch.cat([tokens, tokens.new_zeros(R, gamma - n)], 1), torch.cat([q, q_end], 1),
+                torch.cat([logits, logits.new_zeros(R, gamma - n, logits.shape[2])], 1))
+
+
+def greedy_in_target_space(
+    vocab: DraftVocab | None, slots: torch.Tensor, U: torch.Tensor | None, gamma: int, V: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy draws in draft space — slots [R, n], logits U [R, n, V_d] — as the verifier needs
+    them, padded to γ ≥ n: (target tokens [R, γ], one-hot q [R, γ, V], logits [R, γ, V]; ``NEG``
+    where the draft vocabulary has no slot, as :func:`~dspark.drafters.vocab.to_target_space`
+    maps a draw; past n token 0, q one-hot on it, logits 0).
+
+    Written into tensors of the padded size at once: a round that ends its drafts early would
+    otherwise build [R, n, V] q and logits, then copy them into [R, γ, V] ones (about half a
+    millisecond a round at one request on a CPU, V = 49,152)."""
+    R, n = slots.shape
+    tokens = torch.zeros(R, gamma, dtype=torch.long)
+    q, logits = torch.zeros(R, gamma, V), torch.zeros(R, gamma, V)
+    q[:, n:, 0] = 1.0
+    if n == 0:
+        return tokens, q, logits
+    if vocab is None:
+        tokens[:, :n] = slots
+        q[:, :n].scatter_(-1, slots[..., None], 1.0)
+        logits[:, :n] = U
+        return tokens, q, logits
+    tokens[:, :n] = vocab.to_target(slots)
+    drawn = (slots < vocab.size - 1).float()  # the placeholder slot has no target token (never drawn)
+    q[:, :n].scatter_(-1, tokens[:, :n, None], drawn[..., None])
+    logits[:, :n].fill_(NEG).index_copy_(-1, vocab.draft_ids[:-1], U[..., :-1])
+    return tokens, q, logits

@@ -24,9 +24,10 @@ class Scheduler(Protocol):
     Optional: ``stateless`` True when ``lengths`` reads nothing but its arguments (no clock, no
     earlier round) and changes nothing: a lossless such scheduler may be asked on a prefix of one
     request's confidences while the drafter draws, to end the draft where the schedule will
-    (:func:`dspark.round.schedule_stop`). Such a scheduler may also offer ``verifies_last(c [1, j],
-    valid, cost_model) → bool``: at one request of valid length ``valid``, whether position j is
-    verified given c_1..j, faster than ``lengths`` (the rule asks after every step of the head).
+    (:func:`dspark.round.schedule_stop`). Such a scheduler may also offer ``position_rule(valid,
+    cost_model)``: at one request of valid length ``valid``, a callable asked after each step j of
+    the head with c_1..j [1, j] → bool, whether position j is verified, faster than ``lengths``
+    (it may carry what it computed from one step to the next within the round).
     """
 
     name: str

@@ -21,7 +21,7 @@ from dspark.drafters.vocab import to_slots
 from dspark.protocols.drafter import DraftContext
 from dspark.types import DraftBlock
 
-__all__ = ["block_round", "draft_block", "backbone", "padded_draws"]
+__all__ = ["block_round", "draft_block", "backbone"]
 
 #: builds a round's per-step logits refiner: (loop, context, dtype) → refiner (see :func:`draft_block`)
 RefinerFactory = Callable[[DraftingLoop, DraftContext, torch.dtype], Any]
@@ -41,7 +41,7 @@ def draft_block(loop: DraftingLoop, context: DraftContext, feats: list[torch.Ten
     slots [R], h_j [R, d], U_j [R, V_d]) → logits [R, V_d]`` before the draw; its
     ``confidence_logits()`` [R, γ] (or None) go into the block. A refiner may end the drafts early
     (DSpark's: the round's ``context.stop``, or the opt-in survival floor): its ``done`` turning
-    true after step j leaves x̂_j on undrawn (:func:`padded_draws`), and its ``cut_lengths(valid)``
+    true after step j leaves x̂_j on undrawn (:meth:`Draws.finish`), and its ``cut_lengths(valid)``
     gives the block's valid lengths.
     """
     s = loop.spec
@@ -83,7 +83,7 @@ def draft_block(loop: DraftingLoop, context: DraftContext, feats: list[torch.Ten
             if getattr(steps, "done", False):  # every request's draft ended before x̂_j
                 break
         prev = draws.draw(U_j)
-    tokens, q, logits = padded_draws(draws, R, s.gamma, s.vocab_size)  # [R, γ], [R, γ, V], [R, γ, V]
+    tokens, q, logits = draws.finish(s.gamma)  # [R, γ], [R, γ, V], [R, γ, V]
     valid = loop.valid(context, R)
     if steps is not None and hasattr(steps, "cut_lengths"):
         valid = steps.cut_lengths(valid)
@@ -94,24 +94,6 @@ def draft_block(loop: DraftingLoop, context: DraftContext, feats: list[torch.Ten
         draft_logits=logits,
         hidden=h.cpu() if s.returns_hidden else None,  # [R, γ, d]
     )
-
-
-def padded_draws(draws: Draws, R: int, gamma: int, V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The round's draws (tokens [R, γ], q [R, γ, V], logits [R, γ, V]); positions a refiner left
-    undrawn (it ended every draft early) hold token 0 with a one-hot q and zero logits, beyond
-    every valid length."""
-    n = len(draws.logits)
-    if n == gamma:
-        return draws.finish()
-    if n:
-        tokens, q, logits = draws.finish()
-    else:
-        tokens, q, logits = torch.zeros(R, 0, dtype=torch.long), torch.zeros(R, 0, V), torch.zeros(R, 0, V)
-    missing = gamma - n
-    q_end = q.new_zeros(R, missing, q.shape[2])
-    q_end[..., 0] = 1.0
-    return (torch.cat([tokens, tokens.new_zeros(R, missing)], 1), torch.cat([q, q_end], 1),
-            torch.cat([logits, logits.new_zeros(R, missing, logits.shape[2])], 1))
 
 
 def backbone(loop: DraftingLoop, anchors: torch.Tensor, anchor_pos: torch.Tensor,
