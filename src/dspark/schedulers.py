@@ -140,7 +140,11 @@ def _throughput(tau: np.ndarray, B: np.ndarray, R: int, cost_model: CostModel) -
     """Θ = τ / (t(B) + α(R)) = τ · SPS(B) when there is no per-request overhead."""
     # SPS is tabulated per base model: a SunkCost is new every round
     sps = _SPS_CACHE.lookup(cost_model.base if isinstance(cost_model, SunkCost) else cost_model, B)
-    overhead = batch_overhead(cost_model, R)
+    return _theta(tau, sps, batch_overhead(cost_model, R))
+
+
+def _theta(tau: Any, sps: Any, overhead: float) -> Any:
+    """Θ from τ, SPS(B) and α(R) (arrays or scalars alike, the same operations either way)."""
     return tau * sps if overhead == 0.0 else tau / (1.0 / sps + overhead)
 
 
@@ -247,10 +251,7 @@ class OneRequestAdmission:
     def __init__(self, valid: int, cost_model: CostModel) -> None:
         self.valid = int(valid)
         positions = torch.arange(1, self.valid + 1)  # [valid] the admission order at one request
-        if cost_model.accounting in ("packed", "padded"):
-            B = 1 + np.arange(self.valid + 1)  # [valid + 1] both give B_k = 1 + k at R = 1
-        else:
-            B = cost_model.admission_batch_sizes(1, positions).numpy()
+        B = cost_model.admission_batch_sizes(1, positions).numpy()  # [valid + 1]
         base = cost_model.base if isinstance(cost_model, SunkCost) else cost_model
         self.sps = _SPS_CACHE.lookup(base, B)  # [valid + 1] SPS(B_k)
         self.overhead = batch_overhead(cost_model, 1)
@@ -264,8 +265,7 @@ class OneRequestAdmission:
         self.rising = True  # Θ rose at admissions 1..k
 
     def _theta(self, k: int) -> float:
-        tau, sps = 1 + self.sum, self.sps[k]
-        return tau * sps if self.overhead == 0.0 else tau / (1.0 / sps + self.overhead)
+        return _theta(1 + self.sum, self.sps[k], self.overhead)
 
     def __call__(self, c: torch.Tensor) -> bool:
         """c_1..j [1, j] calibrated → whether position j is verified."""

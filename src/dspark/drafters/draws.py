@@ -147,5 +147,5 @@ def greedy_in_target_space(
     tokens[:, :n] = vocab.to_target(slots)
     drawn = (slots < vocab.size - 1).float()  # the placeholder slot has no target token (never drawn)
     q[:, :n].scatter_(-1, tokens[:, :n, None], drawn[..., None])
-    logits[:, :n].fill_(NEG).index_copy_(-1, vocab.draft_ids[:-1], U[..., :-1])
+    vocab.full(U, NEG, out=logits[:, :n])
     return tokens, q, logits

@@ -37,9 +37,10 @@ class DraftVocab:
     def to_target(self, slots: torch.Tensor) -> torch.Tensor:
         return self.draft_ids.to(slots.device)[slots]
 
-    def full(self, x: torch.Tensor, fill: float) -> torch.Tensor:
-        """[..., V_d] → [..., V] with ``fill`` where the draft vocabulary has no slot."""
-        out = x.new_full((*x.shape[:-1], self.vocab_size), fill)
+    def full(self, x: torch.Tensor, fill: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., V_d] → [..., V] with ``fill`` where the draft vocabulary has no slot (written into
+        ``out`` [..., V] when given, e.g. a slice of a larger tensor)."""
+        out = x.new_full((*x.shape[:-1], self.vocab_size), fill) if out is None else out.fill_(fill)
         # index_copy_, not out[..., ids] = …: advanced-index assignment costs a greedy round's two
         # calls (q and the logits, [R, γ, V]) about half a millisecond on a CPU
         return out.index_copy_(-1, self.draft_ids[:-1].to(x.device), x[..., :-1])
