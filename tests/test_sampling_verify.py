@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark.sampling import probs_from_logits, sample
+from dspark.sampling import greedy_argmax, probs_from_logits, sample
 from dspark.types import SamplingParams
 from dspark.verify import residual_distribution, verify, verify_greedy
 
@@ -16,6 +16,37 @@ def test_greedy_probs_are_one_hot_at_argmax():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0]])
     p = probs_from_logits(logits, temperature=0.0)
     assert torch.equal(p, torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+
+
+def _first_index_of_max(row: list[float]) -> int:
+    """The oracle: a plain loop, keeping the first index of the largest value."""
+    best = 0
+    for i, v in enumerate(row):
+        if v > row[best]:
+            best = i
+    return best
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [3, 17, 14086, 49152])
+def test_greedy_argmax_is_the_first_index_of_the_largest_logit(dtype, V):
+    """Random rows, rows whose maximum repeats at 2–5 places far apart (so the tie spans the
+    reduction's vector lanes and chunks), all-equal rows and rows of −inf but one finite entry."""
+    gen = torch.Generator().manual_seed(V)
+    rows = [torch.randn(V, generator=gen) for _ in range(4)]
+    for k in (2, 3, 5):
+        row = torch.randn(V, generator=gen)
+        at = torch.randperm(V, generator=gen)[: min(k, V)]
+        row[at] = row.max() + 1.0
+        rows.append(row)
+    rows.append(torch.full((V,), 0.25))
+    lone = torch.full((V,), float("-inf"))
+    lone[V // 2] = -3.0
+    rows.append(lone)
+    logits = torch.stack(rows).to(dtype)  # [n, V]
+    want = [_first_index_of_max(r.float().tolist()) for r in logits]
+    assert greedy_argmax(logits).tolist() == want
+    assert greedy_argmax(logits.reshape(3, -1, V)).tolist() == torch.tensor(want).reshape(3, -1).tolist()  # [..., V]
 
 
 def test_temperature_top_k_top_p_per_request():

@@ -29,7 +29,7 @@ from dspark.protocols import (
     Drafter,
     Scheduler,
 )
-from dspark.sampling import probs_for_requests, sample
+from dspark.sampling import greedy_argmax, probs_for_requests, sample
 from dspark.schedulers import build_schedule, with_sunk_seconds
 from dspark.types import DraftBlock, SamplingParams
 from dspark.verify import verify, verify_greedy
@@ -122,7 +122,7 @@ def accept(
     if block is None:
         first = logits[:, 0]  # [R, V]
         if greedy:
-            nxt = first.float().argmax(-1).cpu()
+            nxt = greedy_argmax(first).cpu()
         else:
             nxt = sample(probs_for_requests(first, sampling).cpu(), generators)
         return torch.zeros(R, dtype=torch.long), nxt[:, None]
@@ -131,7 +131,7 @@ def accept(
         # argmax only over the positions some request reads (1 + max ℓ); the columns after them
         # hold −1, beyond every request's accepted prefix and next token
         read = int(lengths.max()) + 1 if R else 1
-        argmax = logits[:, :read].float().argmax(-1).cpu()  # [R, read]
+        argmax = greedy_argmax(logits[:, :read]).cpu()  # [R, read]
         pad = argmax.new_full((R, block.gamma + 1 - read), -1)
         res = verify_greedy(block.tokens, torch.cat([argmax, pad], 1), lengths)
     else:

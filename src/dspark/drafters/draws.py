@@ -13,7 +13,7 @@ import torch
 
 from dspark.drafters.vocab import NEG, DraftVocab
 from dspark.protocols.drafter import DraftContext
-from dspark.sampling import probs_for_requests, sample
+from dspark.sampling import greedy_argmax, probs_for_requests, sample
 
 __all__ = ["target_features", "feature_starts", "draft_sample", "draft_lengths", "Draws", "greedy_in_target_space"]
 
@@ -59,7 +59,7 @@ def draft_sample(logits: torch.Tensor, context: DraftContext) -> tuple[torch.Ten
     takes the argmax with a one-hot q, skipping the softmax and the V exponential draws per row.
     """
     if all(p.is_greedy for p in context.sampling):
-        tokens = logits.float().argmax(-1)  # [R]
+        tokens = greedy_argmax(logits)  # [R]
         return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, tokens[:, None], 1.0), tokens
     q = probs_for_requests(logits, context.sampling)  # [R, V]
     return q, sample(q, context.generators)
@@ -89,7 +89,7 @@ class Draws:
     def draw(self, U_j: torch.Tensor) -> torch.Tensor:
         """Draft-space logits [R, V_d] → the drawn slots [R] (the next step's input)."""
         if self.greedy:
-            slot = U_j.float().argmax(-1)  # [R] on the runner's device
+            slot = greedy_argmax(U_j)  # [R] on the runner's device
             self.slots.append(slot)
             self.logits.append(U_j)
             return slot
